@@ -1,0 +1,91 @@
+"""The exception tree of durable-sessions.
+
+Every error the library raises derives from ``SessionError``; the same condition raises
+the same class on every store (in-memory, SQLite, Postgres)::
+
+    SessionError
+    ├── SessionNotFoundError     no session with that id in that organisation
+    ├── SessionExistsError       a session with that id already exists in that organisation
+    ├── StaleSessionError        the stored session changed since this copy was read
+    ├── InvalidArgumentError     an argument is malformed (empty org id, naive datetime, ...)
+    │   └── InvalidStateError    a state key, state value or event payload is not storable
+    ├── MissingScopeError        no session is bound in the current context
+    ├── SchemaNotMigratedError   the database schema is missing or behind the code
+    └── StoreUnavailableError    the database could not be reached or dropped the connection
+
+Messages carry ids and keys, never a connection URL or password.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "InvalidArgumentError",
+    "InvalidStateError",
+    "MissingScopeError",
+    "SchemaNotMigratedError",
+    "SessionError",
+    "SessionExistsError",
+    "SessionNotFoundError",
+    "StaleSessionError",
+    "StoreUnavailableError",
+]
+
+
+class SessionError(Exception):
+    """Base class of every error raised by durable-sessions."""
+
+
+class SessionNotFoundError(SessionError, LookupError):
+    """Raised when no session has the given id in the given organisation."""
+
+    def __init__(self, org_id: str, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} not found in organisation {org_id!r}")
+        self.org_id = org_id
+        self.session_id = session_id
+
+
+class SessionExistsError(SessionError):
+    """Raised when creating a session whose id is already taken in its organisation."""
+
+    def __init__(self, org_id: str, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} already exists in organisation {org_id!r}")
+        self.org_id = org_id
+        self.session_id = session_id
+
+
+class StaleSessionError(SessionError):
+    """Raised when saving a copy of a session that changed in the store since it was read."""
+
+    def __init__(self, org_id: str, session_id: str, expected_version: int) -> None:
+        super().__init__(
+            f"session {session_id!r} in organisation {org_id!r} changed since it was read "
+            f"(this copy has version {expected_version}); reload it and apply the change again"
+        )
+        self.org_id = org_id
+        self.session_id = session_id
+        self.expected_version = expected_version
+
+
+class InvalidArgumentError(SessionError, ValueError):
+    """Raised when an argument is malformed: an empty org id, a naive datetime, a bad limit."""
+
+
+class InvalidStateError(InvalidArgumentError):
+    """Raised when a state key, state value or event payload cannot be stored as JSON."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"invalid state key {key!r}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+class MissingScopeError(SessionError, LookupError):
+    """Raised when the current context has no bound organisation or conversation id."""
+
+
+class SchemaNotMigratedError(SessionError):
+    """Raised when the database schema is missing or older than this version of the library."""
+
+
+class StoreUnavailableError(SessionError):
+    """Raised when the database cannot be reached or the connection broke mid-operation."""

@@ -1,0 +1,194 @@
+"""Manager: create, resolve, save and bind sessions for an application."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Generator
+from contextvars import Token
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+from .context import Binding, bind_session, reset_binding
+from .model import Event, Filter, Session, derive_title, new_id, utcnow
+from .state import validate_id
+from .store import Store
+
+__all__ = ["Manager", "Resume"]
+
+
+class Resume:
+    """The result of ``Manager.resume``: await it, or use it as an ``async with`` block.
+
+    ``session = await manager.resume(org, id)`` binds the session in the calling task's
+    context until the task ends or something else is bound. ``async with manager.resume(org,
+    id) as session:`` binds it for the block only and restores the outer binding on exit.
+    """
+
+    def __init__(self, manager: Manager, org_id: str, session_id: str) -> None:
+        self._manager = manager
+        self._org_id = org_id
+        self._session_id = session_id
+        self._tokens: tuple[Token[str | None], Token[str | None]] | None = None
+
+    async def _resume(self) -> Session:
+        session = await self._manager.get(self._org_id, self._session_id)
+        bind_session(session)
+        return session
+
+    def __await__(self) -> Generator[Any, None, Session]:
+        return self._resume().__await__()
+
+    async def __aenter__(self) -> Session:
+        session = await self._manager.get(self._org_id, self._session_id)
+        self._tokens = bind_session(session)
+        return session
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        tokens, self._tokens = self._tokens, None
+        if tokens is not None:
+            reset_binding(tokens)
+
+
+class Manager:
+    """Creates and resolves sessions of one application, and binds them to the context.
+
+    Args:
+        store: Where sessions live (``InMemoryStore``, ``SQLStore``, or your own ``Store``).
+        app_name: The application; it scopes ``app:`` state and is stamped on new sessions.
+    """
+
+    def __init__(self, store: Store, *, app_name: str = "") -> None:
+        self.store = store
+        self.app_name = validate_id("app_name", app_name, allow_empty=True)
+
+    async def create(
+        self,
+        org_id: str,
+        user_id: str,
+        *,
+        state: dict[str, Any] | None = None,
+        id: str | None = None,
+        title: str = "",
+    ) -> Session:
+        """Create and store a new session for a user, with optional initial state.
+
+        Raises:
+            SessionExistsError: ``id`` is taken in the organisation.
+            InvalidStateError: ``state`` holds something that cannot be stored.
+        """
+        session = Session(
+            id=new_id() if id is None else id,
+            org_id=org_id,
+            user_id=user_id,
+            app_name=self.app_name,
+            title=title,
+            state=dict(state or {}),
+        )
+        return await self.store.create(session)
+
+    async def get(self, org_id: str, id: str) -> Session:
+        """Return a stored session, without binding it.
+
+        Raises:
+            SessionNotFoundError: no such session in the organisation.
+        """
+        return await self.store.get(org_id, id)
+
+    async def list(self, filter: Filter) -> builtins.list[Session]:
+        """Return sessions matching ``filter``, most recently updated first, without state."""
+        return await self.store.list(filter)
+
+    async def delete(self, org_id: str, id: str) -> None:
+        """Delete a session with its private state and transcript.
+
+        Raises:
+            SessionNotFoundError: no such session in the organisation.
+        """
+        await self.store.delete(org_id, id)
+
+    async def fork(self, org_id: str, id: str, *, with_events: bool = False) -> Session:
+        """Start a new session from another's private state, leaving the parent untouched.
+
+        The child records the parent in ``parent_id`` and ``state["forked_from"]``; ``user:``
+        and ``app:`` state stay shared. With ``with_events`` the transcript is copied too.
+
+        Raises:
+            SessionNotFoundError: no such parent in the organisation.
+        """
+        return await self.store.fork(org_id, id, with_events=with_events)
+
+    def resume(self, org_id: str, id: str) -> Resume:
+        """Load a session and bind it: ``await`` it, or use it as an ``async with`` block.
+
+        Raises:
+            SessionNotFoundError: no such session in the organisation (when awaited/entered).
+        """
+        return Resume(self, org_id, id)
+
+    async def save(self, session: Session) -> Session:
+        """Write the session's title and the state it changed since it was read.
+
+        Raises:
+            StaleSessionError: the stored session changed since this copy was read.
+            InvalidStateError: a changed value cannot be stored; nothing is written.
+        """
+        return await self.store.update(session)
+
+    async def touch(
+        self,
+        session: Session,
+        messages: int = 1,
+        tokens: int = 0,
+        first_message: str = "",
+    ) -> Session:
+        """Record activity: add to the counters atomically and title an untitled session.
+
+        The session object is updated in place with the stored counters and title. Its
+        version moves on by one, so a save of this copy still detects anyone else's change.
+        """
+        title = derive_title(first_message) if first_message and not session.title else ""
+        stored = await self.store.touch(
+            session.org_id, session.id, messages=messages, tokens=tokens, title=title
+        )
+        session.message_count = stored.message_count
+        session.token_total = stored.token_total
+        session.title = stored.title
+        session.updated_at = stored.updated_at
+        session.version += 1
+        return session
+
+    async def append_event(self, session: Session, event: Event) -> Event:
+        """Append an event to a session's transcript and apply its state delta.
+
+        The session object is updated in place: counters, version and the delta (``temp:``
+        keys included, visible until the object is dropped but never stored).
+        """
+        stored = await self.store.append_event(session.org_id, session.id, event)
+        session.absorb(dict(event.state_delta))
+        session.message_count += 1
+        session.token_total += stored.tokens
+        session.updated_at = utcnow()
+        session.version += 1
+        return stored
+
+    def bind(self, session: Session) -> Binding:
+        """Bind a session's org and conversation ids for a ``with`` block."""
+        return Binding(session)
+
+    async def purge(self, org_id: str, *, older_than: timedelta, dry_run: bool = False) -> int:
+        """Delete the organisation's sessions not updated within ``older_than``.
+
+        Returns:
+            How many sessions were deleted (with ``dry_run``, how many would be).
+        """
+        return await self.store.purge(org_id, older_than=older_than, dry_run=dry_run)
+
+    async def delete_user(self, org_id: str, user_id: str) -> int:
+        """Erase a user's sessions, transcripts and ``user:`` state; return the sessions."""
+        return await self.store.delete_user(org_id, user_id)

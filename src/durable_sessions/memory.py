@@ -1,0 +1,272 @@
+"""InMemoryStore: the whole Store contract in one process's memory."""
+
+from __future__ import annotations
+
+import builtins
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from .errors import SessionExistsError, SessionNotFoundError, StaleSessionError
+from .model import Event, Filter, Session, new_id, utcnow
+from .prepare import (
+    check_after,
+    check_count,
+    check_limit,
+    check_older_than,
+    check_session,
+    check_title,
+    fork_state,
+    merge_state,
+    prepare_create,
+    prepare_event,
+    prepare_update,
+)
+from .state import ScopedDelta, copy_json, validate_id
+
+__all__ = ["InMemoryStore"]
+
+
+class _Record:
+    """What the store keeps for one session: metadata, private state and transcript."""
+
+    __slots__ = ("events", "meta", "private")
+
+    def __init__(self, meta: Session, private: dict[str, Any]) -> None:
+        self.meta = meta
+        self.private = private
+        self.events: list[Event] = []
+
+
+class InMemoryStore:
+    """A session store that keeps everything in this process's memory.
+
+    Suitable for tests, local development and single-process services. Each instance is
+    independent. Every method completes without suspending, so concurrent asyncio tasks
+    see each operation as atomic, exactly as they would a database transaction. Sessions
+    and events handed out are copies; the store's own data is never exposed.
+    """
+
+    def __init__(self) -> None:
+        self._sessions: dict[tuple[str, str], _Record] = {}
+        self._user: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._app: dict[tuple[str, str], dict[str, Any]] = {}
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _record(self, org_id: str, session_id: str) -> _Record:
+        check_session(org_id, session_id)
+        try:
+            return self._sessions[(org_id, session_id)]
+        except KeyError:
+            raise SessionNotFoundError(org_id, session_id) from None
+
+    def _apply_shared(self, meta: Session, delta: ScopedDelta) -> None:
+        if delta.user_set or delta.user_deleted:
+            user = self._user.setdefault((meta.org_id, meta.app_name, meta.user_id), {})
+            user.update(delta.user_set)
+            for key in delta.user_deleted:
+                user.pop(key, None)
+        if delta.app_set or delta.app_deleted:
+            app = self._app.setdefault((meta.org_id, meta.app_name), {})
+            app.update(delta.app_set)
+            for key in delta.app_deleted:
+                app.pop(key, None)
+
+    def _view(self, record: _Record, *, with_state: bool = True) -> Session:
+        meta = record.meta
+        session = replace(meta, state={}, events=[])
+        if with_state:
+            session.state = copy_json(
+                merge_state(
+                    record.private,
+                    self._user.get((meta.org_id, meta.app_name, meta.user_id), {}).items(),
+                    self._app.get((meta.org_id, meta.app_name), {}).items(),
+                )
+            )
+            session.mark_persisted()
+        return session
+
+    @staticmethod
+    def _copy_event(event: Event) -> Event:
+        return replace(
+            event, content=copy_json(event.content), state_delta=copy_json(event.state_delta)
+        )
+
+    # -- Store -----------------------------------------------------------------------------
+
+    async def create(self, session: Session) -> Session:
+        """Store a new session and its initial state."""
+        delta = prepare_create(session)
+        key = (session.org_id, session.id)
+        if key in self._sessions:
+            raise SessionExistsError(session.org_id, session.id)
+        now = utcnow()
+        meta = replace(session, state={}, events=[], created_at=now, updated_at=now, version=1)
+        self._sessions[key] = _Record(meta, delta.private_set)
+        self._apply_shared(meta, delta)
+        view = self._view(self._sessions[key])
+        temp = {k: v for k, v in session.state.items() if k.startswith("temp:")}
+        session.state = {**view.state, **temp}
+        session.created_at = session.updated_at = now
+        session.version = 1
+        session.mark_persisted()
+        return session
+
+    async def get(self, org_id: str, session_id: str) -> Session:
+        """Return a copy of a session with its state merged."""
+        return self._view(self._record(org_id, session_id))
+
+    async def update(self, session: Session) -> Session:
+        """Write what changed in the session, if nobody changed it since it was read."""
+        delta = prepare_update(session)
+        record = self._record(session.org_id, session.id)
+        if record.meta.version != session.version:
+            raise StaleSessionError(session.org_id, session.id, session.version)
+        now = utcnow()
+        for key in delta.private_deleted:
+            record.private.pop(key, None)
+        record.private.update(delta.private_set)
+        self._apply_shared(record.meta, delta)
+        record.meta.title = session.title
+        record.meta.updated_at = session.updated_at = now
+        record.meta.version = session.version = session.version + 1
+        session.mark_persisted()
+        return session
+
+    async def delete(self, org_id: str, session_id: str) -> None:
+        """Delete a session with its private state and events."""
+        self._record(org_id, session_id)
+        del self._sessions[(org_id, session_id)]
+
+    async def list(self, filter: Filter) -> builtins.list[Session]:
+        """Return matching sessions, most recently updated first, without state."""
+        found = [
+            r.meta
+            for (org, _), r in self._sessions.items()
+            if org == filter.org_id
+            and (filter.user_id is None or r.meta.user_id == filter.user_id)
+            and (filter.app_name is None or r.meta.app_name == filter.app_name)
+            and (filter.parent_id is None or r.meta.parent_id == filter.parent_id)
+        ]
+        found.sort(key=lambda m: (m.updated_at, m.id), reverse=True)
+        if filter.limit:
+            found = found[: filter.limit]
+        return [replace(m, state={}, events=[]) for m in found]
+
+    async def append_event(self, org_id: str, session_id: str, event: Event) -> Event:
+        """Append an event and apply its state delta atomically."""
+        stored, delta = prepare_event(event)
+        record = self._record(org_id, session_id)
+        meta = record.meta
+        stored.seq = record.events[-1].seq + 1 if record.events else 1
+        record.events.append(stored)
+        for key in delta.private_deleted:
+            record.private.pop(key, None)
+        record.private.update(delta.private_set)
+        self._apply_shared(meta, delta)
+        meta.message_count += 1
+        meta.token_total += stored.tokens
+        meta.updated_at = utcnow()
+        meta.version += 1
+        return self._copy_event(stored)
+
+    async def list_events(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        after: datetime | None = None,
+    ) -> builtins.list[Event]:
+        """Return a session's events, oldest first."""
+        check_limit(limit)
+        after = check_after(after)
+        events = self._record(org_id, session_id).events
+        if after is not None:
+            events = [e for e in events if e.timestamp > after]
+        if limit is not None:
+            events = events[len(events) - limit :] if limit else []
+        return [self._copy_event(e) for e in events]
+
+    async def touch(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        messages: int = 0,
+        tokens: int = 0,
+        title: str = "",
+    ) -> Session:
+        """Add to the counters and title an untitled session."""
+        check_count("messages", messages)
+        check_count("tokens", tokens)
+        check_title(title)
+        meta = self._record(org_id, session_id).meta
+        meta.message_count += messages
+        meta.token_total += tokens
+        if not meta.title:
+            meta.title = title
+        meta.updated_at = utcnow()
+        meta.version += 1
+        return replace(meta, state={}, events=[])
+
+    async def fork(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        new_session_id: str | None = None,
+        with_events: bool = False,
+    ) -> Session:
+        """Create a child session from a parent's private state (and transcript)."""
+        parent = self._record(org_id, session_id)
+        child_id = new_id() if new_session_id is None else new_session_id
+        check_session(org_id, child_id)
+        if (org_id, child_id) in self._sessions:
+            raise SessionExistsError(org_id, child_id)
+        now = utcnow()
+        meta = replace(
+            parent.meta,
+            id=child_id,
+            parent_id=session_id,
+            created_at=now,
+            updated_at=now,
+            version=1,
+            message_count=parent.meta.message_count if with_events else 0,
+            token_total=parent.meta.token_total if with_events else 0,
+        )
+        record = _Record(meta, fork_state(parent.private, session_id))
+        if with_events:
+            record.events = [self._copy_event(e) for e in parent.events]
+        self._sessions[(org_id, child_id)] = record
+        return self._view(record)
+
+    async def purge(self, org_id: str, *, older_than: timedelta, dry_run: bool = False) -> int:
+        """Delete the sessions of an organisation not updated within ``older_than``."""
+        validate_id("org_id", org_id)
+        cutoff = utcnow() - check_older_than(older_than)
+        doomed = [
+            key
+            for key, r in self._sessions.items()
+            if key[0] == org_id and r.meta.updated_at < cutoff
+        ]
+        if not dry_run:
+            for key in doomed:
+                del self._sessions[key]
+        return len(doomed)
+
+    async def delete_user(self, org_id: str, user_id: str) -> int:
+        """Erase a user's sessions, events and user state in one organisation."""
+        validate_id("org_id", org_id)
+        validate_id("user_id", user_id)
+        doomed = [
+            key
+            for key, r in self._sessions.items()
+            if key[0] == org_id and r.meta.user_id == user_id
+        ]
+        for key in doomed:
+            del self._sessions[key]
+        for key in [k for k in self._user if k[0] == org_id and k[2] == user_id]:
+            del self._user[key]
+        return len(doomed)

@@ -1,0 +1,145 @@
+"""Checks and preparation shared by every store, so they refuse the same input the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from .errors import InvalidArgumentError
+from .model import Event, Session
+from .state import (
+    APP_PREFIX,
+    USER_PREFIX,
+    ScopedDelta,
+    check_text,
+    copy_json,
+    split_delta,
+    validate_id,
+    validate_value,
+)
+
+__all__ = [
+    "FORKED_FROM",
+    "check_after",
+    "check_count",
+    "check_limit",
+    "check_older_than",
+    "check_session",
+    "check_title",
+    "fork_state",
+    "merge_state",
+    "prepare_create",
+    "prepare_event",
+    "prepare_update",
+]
+
+FORKED_FROM = "forked_from"
+"""The private state key in which a forked session records its parent's id."""
+
+
+def check_session(org_id: str, session_id: str) -> None:
+    """Check an (org id, session id) pair."""
+    validate_id("org_id", org_id)
+    validate_id("session_id", session_id)
+
+
+def check_limit(limit: int | None) -> None:
+    """Check an optional event limit."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise InvalidArgumentError("limit must be None or a non-negative integer")
+
+
+def check_count(name: str, value: int) -> None:
+    """Check a counter increment."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgumentError(f"{name} must be a non-negative integer")
+
+
+def check_after(after: datetime | None) -> datetime | None:
+    """Check an ``after`` bound and return it in UTC."""
+    if after is None:
+        return None
+    if not isinstance(after, datetime):
+        raise InvalidArgumentError("after must be a datetime")
+    if after.tzinfo is None or after.utcoffset() is None:
+        raise InvalidArgumentError("after must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    return after.astimezone(timezone.utc)
+
+
+def check_older_than(older_than: timedelta) -> timedelta:
+    """Check a retention period."""
+    if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+        raise InvalidArgumentError("older_than must be a non-negative timedelta")
+    return older_than
+
+
+def check_title(title: str) -> str:
+    """Check a session title and return it."""
+    if not isinstance(title, str):
+        raise InvalidArgumentError("title must be a string")
+    problem = check_text(title)
+    if problem:
+        raise InvalidArgumentError(f"title {problem}")
+    return title
+
+
+def _check_metadata(session: Session) -> None:
+    check_session(session.org_id, session.id)
+    validate_id("user_id", session.user_id)
+    validate_id("app_name", session.app_name, allow_empty=True)
+    check_title(session.title)
+
+
+def prepare_create(session: Session) -> ScopedDelta:
+    """Check a new session and return its whole state as a delta."""
+    _check_metadata(session)
+    if session.parent_id is not None:
+        validate_id("parent_id", session.parent_id)
+    return split_delta(session.state)
+
+
+def prepare_update(session: Session) -> ScopedDelta:
+    """Check a session about to be saved and return what changed since it was read."""
+    _check_metadata(session)
+    changed, deleted = session.changes()
+    return split_delta(changed, deleted)
+
+
+def prepare_event(event: Event) -> tuple[Event, ScopedDelta]:
+    """Check an event and return the copy to store (no ``temp:`` keys) and its delta."""
+    if not isinstance(event, Event):
+        raise InvalidArgumentError(f"expected an Event, not {type(event).__name__}")
+    validate_id("event author", event.author, allow_empty=True)
+    validate_id("event id", event.id)
+    validate_id("event invocation_id", event.invocation_id, allow_empty=True)
+    check_count("event tokens", event.tokens)
+    stamp = check_after(event.timestamp)
+    assert stamp is not None
+    validate_value("<event content>", event.content)
+    if not isinstance(event.state_delta, Mapping):
+        raise InvalidArgumentError("event state_delta must be a dict")
+    delta = split_delta(event.state_delta)
+    kept = {k: copy_json(v) for k, v in event.state_delta.items() if not k.startswith("temp:")}
+    stored = replace(event, content=copy_json(event.content), state_delta=kept, timestamp=stamp)
+    return stored, delta
+
+
+def merge_state(
+    private: Mapping[str, Any],
+    user: Iterable[tuple[str, Any]],
+    app: Iterable[tuple[str, Any]],
+) -> dict[str, Any]:
+    """Merge private state and shared rows into the flat namespace callers see."""
+    state = dict(private)
+    state.update((USER_PREFIX + key, value) for key, value in user)
+    state.update((APP_PREFIX + key, value) for key, value in app)
+    return state
+
+
+def fork_state(parent_private: Mapping[str, Any], parent_id: str) -> dict[str, Any]:
+    """Return a fork's private state: the parent's, plus the record of the parent."""
+    state = copy_json(dict(parent_private))
+    state[FORKED_FROM] = parent_id
+    return state

@@ -1,0 +1,152 @@
+"""The one SQLAlchemy Core schema, shared by SQLite and Postgres."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Dialect,
+    ForeignKeyConstraint,
+    Index,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+__all__ = [
+    "JSONValue",
+    "UTCDateTime",
+    "VERSION_TABLE",
+    "app_state",
+    "events",
+    "metadata",
+    "sessions",
+    "user_state",
+]
+
+VERSION_TABLE = "durable_sessions_alembic_version"
+"""Alembic's version table for this library, kept apart from the host application's."""
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+"""The schema of every table durable-sessions owns; Alembic's revisions mirror it."""
+
+JSONValue = JSON().with_variant(JSONB(), "postgresql")
+"""JSON on SQLite, JSONB on Postgres."""
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored in UTC and always read back timezone-aware.
+
+    Postgres keeps ``timestamptz``; SQLite keeps naive UTC text, which sorts correctly.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are not stored; use timezone-aware UTC")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+ID = String(255)
+
+sessions = Table(
+    "ds_sessions",
+    metadata,
+    Column("org_id", ID, nullable=False),
+    Column("id", ID, nullable=False),
+    Column("user_id", ID, nullable=False),
+    Column("app_name", ID, nullable=False),
+    Column("title", Text, nullable=False),
+    # Private state only; user: and app: keys live one row per key in their own tables.
+    Column("state", JSONValue, nullable=False),
+    Column("parent_id", ID, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("message_count", BigInteger, nullable=False),
+    Column("token_total", BigInteger, nullable=False),
+    # The last seq handed to an event; the row lock on it keeps seqs gapless.
+    Column("event_seq", BigInteger, nullable=False),
+    Column("version", BigInteger, nullable=False),
+    PrimaryKeyConstraint("org_id", "id"),
+    # Serves list(): one user's sessions newest first (scanned backwards).
+    Index("ix_ds_sessions_org_user_updated", "org_id", "user_id", "updated_at", "id"),
+    # Serves list() over a whole organisation and purge() by age.
+    Index("ix_ds_sessions_org_updated", "org_id", "updated_at", "id"),
+)
+
+user_state = Table(
+    "ds_user_state",
+    metadata,
+    Column("org_id", ID, nullable=False),
+    Column("app_name", ID, nullable=False),
+    Column("user_id", ID, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("value", JSONValue, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    PrimaryKeyConstraint("org_id", "app_name", "user_id", "key"),
+    # Serves delete_user(), which spans every app of the organisation.
+    Index("ix_ds_user_state_org_user", "org_id", "user_id"),
+)
+
+app_state = Table(
+    "ds_app_state",
+    metadata,
+    Column("org_id", ID, nullable=False),
+    Column("app_name", ID, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("value", JSONValue, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    PrimaryKeyConstraint("org_id", "app_name", "key"),
+)
+
+events = Table(
+    "ds_events",
+    metadata,
+    Column("org_id", ID, nullable=False),
+    Column("session_id", ID, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("id", ID, nullable=False),
+    Column("author", ID, nullable=False),
+    Column("invocation_id", ID, nullable=False),
+    Column("content", JSONValue, nullable=True),
+    Column("state_delta", JSONValue, nullable=False),
+    Column("tokens", BigInteger, nullable=False),
+    Column("timestamp", UTCDateTime, nullable=False),
+    # (org, session, seq) is the recent-events index: the newest N are a backward range scan.
+    PrimaryKeyConstraint("org_id", "session_id", "seq"),
+    ForeignKeyConstraint(
+        ["org_id", "session_id"],
+        ["ds_sessions.org_id", "ds_sessions.id"],
+        ondelete="CASCADE",
+    ),
+)

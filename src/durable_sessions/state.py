@@ -1,0 +1,211 @@
+"""State keys: prefix scoping, JSON validation and change tracking."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .errors import InvalidArgumentError, InvalidStateError
+
+__all__ = [
+    "APP_PREFIX",
+    "TEMP_PREFIX",
+    "USER_PREFIX",
+    "Scope",
+    "ScopedDelta",
+    "check_text",
+    "copy_json",
+    "diff_state",
+    "json_equal",
+    "scope_of",
+    "split_delta",
+    "validate_id",
+    "validate_key",
+    "validate_value",
+]
+
+USER_PREFIX = "user:"
+"""Keys with this prefix are shared by every session of the same (org, app, user)."""
+APP_PREFIX = "app:"
+"""Keys with this prefix are shared by every session of the same (org, app)."""
+TEMP_PREFIX = "temp:"
+"""Keys with this prefix live only in the in-process session object; they are never stored."""
+
+Scope = Literal["private", "user", "app", "temp"]
+
+MAX_KEY_LENGTH = 1024
+MAX_ID_LENGTH = 255
+MAX_DEPTH = 64
+
+
+def scope_of(key: str) -> Scope:
+    """Return the scope a state key lives in, decided by its prefix."""
+    if key.startswith(USER_PREFIX):
+        return "user"
+    if key.startswith(APP_PREFIX):
+        return "app"
+    if key.startswith(TEMP_PREFIX):
+        return "temp"
+    return "private"
+
+
+def check_text(text: str) -> str | None:
+    """Return why ``text`` cannot be stored in every backend, or None when it can."""
+    if "\x00" in text:
+        return "contains the NUL character \\u0000, which Postgres cannot store"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate, which is not valid Unicode"
+    return None
+
+
+def validate_id(name: str, value: object, *, allow_empty: bool = False) -> str:
+    """Check an identifier (org id, session id, user id, app name) and return it."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{name} must be a string, not {type(value).__name__}")
+    if not value and not allow_empty:
+        raise InvalidArgumentError(f"{name} must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidArgumentError(f"{name} is longer than {MAX_ID_LENGTH} characters")
+    problem = check_text(value)
+    if problem:
+        raise InvalidArgumentError(f"{name} {value!r} {problem}")
+    return value
+
+
+def validate_key(key: object) -> str:
+    """Check that ``key`` can name a state entry; raise ``InvalidStateError`` if not."""
+    if not isinstance(key, str):
+        raise InvalidStateError(repr(key), f"keys must be strings, not {type(key).__name__}")
+    if not key:
+        raise InvalidStateError(key, "keys must not be empty")
+    if key in (USER_PREFIX, APP_PREFIX, TEMP_PREFIX):
+        raise InvalidStateError(key, "a key must have a name after its scope prefix")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidStateError(key[:40] + "...", f"keys are limited to {MAX_KEY_LENGTH} characters")
+    problem = check_text(key)
+    if problem:
+        raise InvalidStateError(key, f"the key {problem}")
+    return key
+
+
+def validate_value(key: str, value: object) -> None:
+    """Check that ``value`` is a JSON value every backend stores and returns unchanged."""
+    problem = _json_problem(value, 0)
+    if problem is not None:
+        raise InvalidStateError(key, problem)
+
+
+def _json_problem(value: object, depth: int) -> str | None:
+    if depth > MAX_DEPTH:
+        return f"the value is nested deeper than {MAX_DEPTH} levels"
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        problem = check_text(value)
+        return None if problem is None else f"a string value {problem}"
+    if isinstance(value, int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} is not a JSON number"
+    if isinstance(value, list):
+        for item in value:
+            problem = _json_problem(item, depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str):
+                return f"a nested object has the non-string key {k!r}"
+            problem = check_text(k)
+            if problem is not None:
+                return f"a nested key {problem}"
+            problem = _json_problem(item, depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    return f"{type(value).__name__} is not a JSON value (use dict, list, str, int, float, bool or None)"
+
+
+def copy_json(value: Any) -> Any:
+    """Deep-copy a JSON value (much faster than ``copy.deepcopy`` for plain data)."""
+    if isinstance(value, dict):
+        return {k: copy_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [copy_json(v) for v in value]
+    return value
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """Compare JSON values strictly: ``1``, ``1.0`` and ``True`` are three different values."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(json_equal(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+@dataclass
+class ScopedDelta:
+    """A set of state changes split by scope, with the prefixes of shared keys removed."""
+
+    private_set: dict[str, Any] = field(default_factory=dict)
+    private_deleted: set[str] = field(default_factory=set)
+    user_set: dict[str, Any] = field(default_factory=dict)
+    user_deleted: set[str] = field(default_factory=set)
+    app_set: dict[str, Any] = field(default_factory=dict)
+    app_deleted: set[str] = field(default_factory=set)
+
+    @property
+    def has_shared(self) -> bool:
+        """Whether the delta touches ``user:`` or ``app:`` state."""
+        return bool(self.user_set or self.user_deleted or self.app_set or self.app_deleted)
+
+
+def diff_state(
+    current: Mapping[str, Any], persisted: Mapping[str, Any]
+) -> tuple[dict[str, Any], set[str]]:
+    """Return the keys set (with values) and deleted in ``current`` relative to ``persisted``."""
+    changed = {
+        k: v for k, v in current.items() if k not in persisted or not json_equal(v, persisted[k])
+    }
+    deleted = {k for k in persisted if k not in current}
+    return changed, deleted
+
+
+def split_delta(changed: Mapping[str, Any], deleted: Iterable[str] = ()) -> ScopedDelta:
+    """Validate changes and split them by scope; ``temp:`` keys are dropped.
+
+    Raises:
+        InvalidStateError: a key or value cannot be stored; nothing should be written.
+    """
+    delta = ScopedDelta()
+    for key, value in changed.items():
+        validate_key(key)
+        scope = scope_of(key)
+        if scope == "temp":
+            continue
+        validate_value(key, value)
+        value = copy_json(value)
+        if scope == "private":
+            delta.private_set[key] = value
+        elif scope == "user":
+            delta.user_set[key[len(USER_PREFIX) :]] = value
+        else:
+            delta.app_set[key[len(APP_PREFIX) :]] = value
+    for key in deleted:
+        validate_key(key)
+        scope = scope_of(key)
+        if scope == "private":
+            delta.private_deleted.add(key)
+        elif scope == "user":
+            delta.user_deleted.add(key[len(USER_PREFIX) :])
+        elif scope == "app":
+            delta.app_deleted.add(key[len(APP_PREFIX) :])
+    return delta

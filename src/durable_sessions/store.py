@@ -1,0 +1,146 @@
+"""The ``Store`` protocol every session store implements."""
+
+from __future__ import annotations
+
+import builtins
+from datetime import datetime, timedelta
+from typing import Protocol, runtime_checkable
+
+from .model import Event, Filter, Session
+
+__all__ = ["Store"]
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Persists sessions, their scoped state and their transcripts.
+
+    Every method takes the organisation id first and never reads or writes another
+    organisation's data. Sessions returned are copies: changing them changes nothing stored
+    until they are passed to ``update``. Stores keep no cross-process cache.
+    """
+
+    async def create(self, session: Session) -> Session:
+        """Store a new session and its initial state; fill in its timestamps and version.
+
+        Raises:
+            SessionExistsError: the id is taken in that organisation.
+            InvalidStateError: the state holds a key or value that cannot be stored.
+        """
+        ...
+
+    async def get(self, org_id: str, session_id: str) -> Session:
+        """Return a session with its private and shared state merged into ``state``.
+
+        Raises:
+            SessionNotFoundError: no such session in that organisation.
+        """
+        ...
+
+    async def update(self, session: Session) -> Session:
+        """Write the session's title and the state keys it set or deleted since it was read.
+
+        On success the session's ``version`` and ``updated_at`` move on in place.
+
+        Raises:
+            StaleSessionError: the stored session changed since this copy was read;
+                nothing is written.
+            SessionNotFoundError: the session no longer exists.
+            InvalidStateError: a changed key or value cannot be stored; nothing is written.
+        """
+        ...
+
+    async def delete(self, org_id: str, session_id: str) -> None:
+        """Delete a session with its private state and events.
+
+        Raises:
+            SessionNotFoundError: no such session in that organisation.
+        """
+        ...
+
+    async def list(self, filter: Filter) -> builtins.list[Session]:
+        """Return the matching sessions, most recently updated first, without their state."""
+        ...
+
+    async def append_event(self, org_id: str, session_id: str, event: Event) -> Event:
+        """Append an event and apply its ``state_delta``, atomically.
+
+        The stored event gets the session's next ``seq``; the session's ``message_count``
+        grows by one, ``token_total`` by ``event.tokens``, and its version moves on.
+
+        Returns:
+            The stored copy of the event, with ``seq`` set and ``temp:`` keys removed.
+
+        Raises:
+            SessionNotFoundError: no such session in that organisation.
+            InvalidStateError: the content or delta cannot be stored; nothing is written.
+        """
+        ...
+
+    async def list_events(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        after: datetime | None = None,
+    ) -> builtins.list[Event]:
+        """Return a session's events, oldest first.
+
+        Args:
+            org_id: The organisation.
+            session_id: The session.
+            limit: Keep only the newest ``limit`` events.
+            after: Keep only events whose timestamp is strictly later (timezone-aware).
+
+        Raises:
+            SessionNotFoundError: no such session in that organisation.
+            InvalidArgumentError: ``after`` is naive or ``limit`` is negative.
+        """
+        ...
+
+    async def touch(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        messages: int = 0,
+        tokens: int = 0,
+        title: str = "",
+    ) -> Session:
+        """Add to a session's counters atomically, and set its title if it has none.
+
+        Returns:
+            The session's metadata after the change, without state.
+
+        Raises:
+            SessionNotFoundError: no such session in that organisation.
+        """
+        ...
+
+    async def fork(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        new_session_id: str | None = None,
+        with_events: bool = False,
+    ) -> Session:
+        """Create a child session holding a copy of the parent's private state.
+
+        The child records its parent in ``parent_id`` and ``state["forked_from"]``; shared
+        state stays shared. With ``with_events`` the transcript is copied too.
+
+        Raises:
+            SessionNotFoundError: no such parent in that organisation.
+            SessionExistsError: ``new_session_id`` is taken.
+        """
+        ...
+
+    async def purge(self, org_id: str, *, older_than: timedelta, dry_run: bool = False) -> int:
+        """Delete the sessions not updated within ``older_than``; return how many (would) go."""
+        ...
+
+    async def delete_user(self, org_id: str, user_id: str) -> int:
+        """Erase a user's sessions, events and ``user:`` state; return the sessions deleted."""
+        ...

@@ -1,0 +1,154 @@
+"""Fixtures shared by every test: the stores under test and fresh databases."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from durable_sessions import InMemoryStore, SQLStore, Store
+
+POSTGRES_ENV = "DURABLE_SESSIONS_TEST_POSTGRES_URL"
+
+
+def postgres_base_url() -> str | None:
+    """Return the test Postgres URL, or None when unset (a failure under CI=true)."""
+    url = os.environ.get(POSTGRES_ENV)
+    if not url:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{POSTGRES_ENV} must be set when CI=true: Postgres tests may not skip")
+        return None
+    return url
+
+
+async def _admin(url: str, sql: str) -> None:
+    import asyncpg
+
+    u = make_url(url)
+    conn = await asyncpg.connect(
+        host=u.host or "127.0.0.1",
+        port=u.port or 5432,
+        user=u.username or "postgres",
+        password=u.password,
+        database=u.database or "postgres",
+    )
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def create_pg_database(base_url: str) -> str:
+    """Create an empty Postgres database next to ``base_url`` and return its URL."""
+    name = f"ds_test_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(base_url, f'CREATE DATABASE "{name}"'))
+    return make_url(base_url).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_pg_database(base_url: str, url: str) -> None:
+    """Drop a database made by ``create_pg_database``."""
+    name = make_url(url).database
+    asyncio.run(_admin(base_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def pg_base_url() -> str:
+    """The Postgres server under test (skips locally when unset, fails under CI)."""
+    url = postgres_base_url()
+    if url is None:
+        pytest.skip(f"{POSTGRES_ENV} is not set")
+    return url
+
+
+@pytest.fixture
+def fresh_pg_url(pg_base_url: str) -> Iterator[Callable[[], str]]:
+    """A factory of empty Postgres databases, dropped after the test."""
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(create_pg_database(pg_base_url))
+        return made[-1]
+
+    yield make
+    for url in made:
+        drop_pg_database(pg_base_url, url)
+
+
+@pytest.fixture(scope="session")
+def migrated_pg_url(pg_base_url: str) -> Iterator[str]:
+    """One migrated Postgres database for the whole run; tests truncate it before use."""
+    url = create_pg_database(pg_base_url)
+
+    async def migrate() -> None:
+        engine = create_async_engine(url)
+        try:
+            await SQLStore(engine).migrate()
+        finally:
+            await engine.dispose()
+
+    asyncio.run(migrate())
+    yield url
+    drop_pg_database(pg_base_url, url)
+
+
+async def _truncate(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql(
+            "TRUNCATE ds_events, ds_sessions, ds_user_state, ds_app_state"
+        )
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """The URL of a new SQLite file."""
+    return f"sqlite+aiosqlite:///{tmp_path / 'sessions.db'}"
+
+
+BACKENDS = [
+    pytest.param("memory", marks=pytest.mark.memory),
+    pytest.param("sqlite", marks=pytest.mark.sqlite),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
+SQL_BACKENDS = BACKENDS[1:]
+
+
+@pytest.fixture
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The database URL of a SQL backend (parametrise ``backend`` with SQL_BACKENDS)."""
+    backend = request.getfixturevalue("backend")
+    if backend == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    return str(request.getfixturevalue("migrated_pg_url"))
+
+
+@pytest.fixture
+async def engine(backend: str, backend_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on a migrated, empty database of ``backend``."""
+    eng = create_async_engine(backend_url)
+    if backend == "sqlite":
+        await SQLStore(eng).migrate()
+    else:
+        await _truncate(eng)
+    yield eng
+    await eng.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Which store the test runs against: memory, sqlite or postgres."""
+    return str(request.param)
+
+
+@pytest.fixture
+def store(request: pytest.FixtureRequest, backend: str) -> Store:
+    """An empty store of every kind: the contract suite runs unchanged against each."""
+    if backend == "memory":
+        return InMemoryStore()
+    eng: AsyncEngine = request.getfixturevalue("engine")
+    return SQLStore(eng)

@@ -267,6 +267,6 @@ class InMemoryStore:
         ]
         for key in doomed:
             del self._sessions[key]
-        for key in [k for k in self._user if k[0] == org_id and k[2] == user_id]:
-            del self._user[key]
+        for user_key in [k for k in self._user if k[0] == org_id and k[2] == user_id]:
+            del self._user[user_key]
         return len(doomed)

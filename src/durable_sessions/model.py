@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import copy
 import secrets
 import threading
@@ -183,7 +184,7 @@ class Session:
         """Return a deep copy that shares nothing with this session."""
         return copy.deepcopy(self)
 
-    def changes(self) -> tuple[dict[str, Any], set[str]]:
+    def changes(self) -> tuple[dict[str, Any], builtins.set[str]]:
         """Return the keys set (with their values) and deleted since the session was read."""
         return diff_state(self.state, self._persisted)
 

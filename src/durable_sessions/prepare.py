@@ -140,6 +140,6 @@ def merge_state(
 
 def fork_state(parent_private: Mapping[str, Any], parent_id: str) -> dict[str, Any]:
     """Return a fork's private state: the parent's, plus the record of the parent."""
-    state = copy_json(dict(parent_private))
+    state: dict[str, Any] = copy_json(dict(parent_private))
     state[FORKED_FROM] = parent_id
     return state

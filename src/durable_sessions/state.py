@@ -85,7 +85,7 @@ def validate_key(key: object) -> str:
     if key in (USER_PREFIX, APP_PREFIX, TEMP_PREFIX):
         raise InvalidStateError(key, "a key must have a name after its scope prefix")
     if len(key) > MAX_KEY_LENGTH:
-        raise InvalidStateError(key[:40] + "...", f"keys are limited to {MAX_KEY_LENGTH} characters")
+        raise InvalidStateError(key[:40] + "...", f"keys are limited to {MAX_KEY_LENGTH} chars")
     problem = check_text(key)
     if problem:
         raise InvalidStateError(key, f"the key {problem}")
@@ -128,7 +128,8 @@ def _json_problem(value: object, depth: int) -> str | None:
             if problem is not None:
                 return problem
         return None
-    return f"{type(value).__name__} is not a JSON value (use dict, list, str, int, float, bool or None)"
+    kind = type(value).__name__
+    return f"{kind} is not a JSON value (use dict, list, str, int, float, bool or None)"
 
 
 def copy_json(value: Any) -> Any:
@@ -147,7 +148,7 @@ def json_equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(json_equal(v, b[k]) for k, v in a.items())
     if isinstance(a, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
 
 

@@ -23,9 +23,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 __all__ = [
+    "VERSION_TABLE",
     "JSONValue",
     "UTCDateTime",
-    "VERSION_TABLE",
     "app_state",
     "events",
     "metadata",

@@ -46,7 +46,9 @@ class DialectOps:
 
 def _pg_merge_private() -> ColumnElement[Any]:
     # jsonb || jsonb replaces top-level keys and keeps JSON null as a value, in one statement.
-    return sessions.c.state.op("||", return_type=JSONValue)(bindparam("private_delta", type_=JSONB))
+    return sessions.c.state.op("||", return_type=JSONValue)(
+        bindparam("v_private_delta", type_=JSONB)
+    )
 
 
 def dialect_ops(dialect_name: str, driver: str) -> DialectOps:

@@ -22,7 +22,6 @@ from sqlalchemy import (
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from .. import migrate as _migrate
 from ..errors import (
     InvalidArgumentError,
     SchemaNotMigratedError,
@@ -75,8 +74,8 @@ _EVENT_COLS = [
     events.c.tokens,
     events.c.timestamp,
 ]
-_SESSION_KEY = and_(sessions.c.org_id == bindparam("org_id"), sessions.c.id == bindparam("id"))
-_EVENTS_KEY = and_(events.c.org_id == bindparam("org_id"), events.c.session_id == bindparam("id"))
+_SESSION_KEY = and_(sessions.c.org_id == bindparam("k_org"), sessions.c.id == bindparam("k_id"))
+_EVENTS_KEY = and_(events.c.org_id == bindparam("k_org"), events.c.session_id == bindparam("k_id"))
 _MISSING_SCHEMA = ("no such table", "no such column", "does not exist")
 _PURGE_BATCH = 500
 
@@ -134,7 +133,7 @@ def _translated(operation: str) -> Iterator[None]:
             f"{operation}: the database failed ({type(exc.orig).__name__}); nothing was written "
             "by this operation"
         ) from exc
-    except (OSError, TimeoutError, sa_exc.SQLAlchemyError) as exc:
+    except (OSError, TimeoutError, sa_exc.DisconnectionError, sa_exc.TimeoutError) as exc:
         raise StoreUnavailableError(
             f"{operation}: the database could not be reached ({type(exc).__name__})"
         ) from exc
@@ -191,7 +190,9 @@ class SQLStore:
 
     async def migrate(self, revision: str = "head") -> None:
         """Run the bundled Alembic migrations up to ``revision`` on this store's engine."""
-        await _migrate.upgrade(self._engine, revision)
+        from ..migrate import upgrade  # Alembic is imported only when migrating
+
+        await upgrade(self._engine, revision)
 
     # -- statements, built once ------------------------------------------------------------
 
@@ -200,13 +201,13 @@ class SQLStore:
         self._q_get = select(*_META).where(_SESSION_KEY)
         self._q_shared = union_all(
             select(literal("u").label("scope"), user_state.c.key, user_state.c.value).where(
-                user_state.c.org_id == bindparam("org_id"),
-                user_state.c.app_name == bindparam("app_name"),
-                user_state.c.user_id == bindparam("user_id"),
+                user_state.c.org_id == bindparam("k_org"),
+                user_state.c.app_name == bindparam("k_app"),
+                user_state.c.user_id == bindparam("k_user"),
             ),
             select(literal("a").label("scope"), app_state.c.key, app_state.c.value).where(
-                app_state.c.org_id == bindparam("org_id"),
-                app_state.c.app_name == bindparam("app_name"),
+                app_state.c.org_id == bindparam("k_org"),
+                app_state.c.app_name == bindparam("k_app"),
             ),
         )
         self._q_exists = select(sessions.c.version).where(_SESSION_KEY)
@@ -218,23 +219,23 @@ class SQLStore:
             app_state, ["org_id", "app_name", "key"], ["value", "updated_at"]
         )
         self._q_delete_user_keys = delete(user_state).where(
-            user_state.c.org_id == bindparam("org_id"),
-            user_state.c.app_name == bindparam("app_name"),
-            user_state.c.user_id == bindparam("user_id"),
-            user_state.c.key.in_(bindparam("keys", expanding=True)),
+            user_state.c.org_id == bindparam("k_org"),
+            user_state.c.app_name == bindparam("k_app"),
+            user_state.c.user_id == bindparam("k_user"),
+            user_state.c.key.in_(bindparam("k_keys", expanding=True)),
         )
         self._q_delete_app_keys = delete(app_state).where(
-            app_state.c.org_id == bindparam("org_id"),
-            app_state.c.app_name == bindparam("app_name"),
-            app_state.c.key.in_(bindparam("keys", expanding=True)),
+            app_state.c.org_id == bindparam("k_org"),
+            app_state.c.app_name == bindparam("k_app"),
+            app_state.c.key.in_(bindparam("k_keys", expanding=True)),
         )
         self._q_update = (
             update(sessions)
-            .where(_SESSION_KEY, sessions.c.version == bindparam("expected"))
+            .where(_SESSION_KEY, sessions.c.version == bindparam("v_expected"))
             .values(
-                title=bindparam("title"),
-                state=bindparam("state"),
-                updated_at=bindparam("now"),
+                title=bindparam("v_title"),
+                state=bindparam("v_state"),
+                updated_at=bindparam("v_now"),
                 version=sessions.c.version + 1,
             )
             .returning(sessions.c.version)
@@ -243,10 +244,10 @@ class SQLStore:
             update(sessions)
             .where(_SESSION_KEY)
             .values(
-                message_count=sessions.c.message_count + bindparam("messages"),
-                token_total=sessions.c.token_total + bindparam("tokens"),
-                title=case((sessions.c.title == "", bindparam("title")), else_=sessions.c.title),
-                updated_at=bindparam("now"),
+                message_count=sessions.c.message_count + bindparam("v_messages"),
+                token_total=sessions.c.token_total + bindparam("v_tokens"),
+                title=case((sessions.c.title == "", bindparam("v_title")), else_=sessions.c.title),
+                updated_at=bindparam("v_now"),
                 version=sessions.c.version + 1,
             )
             .returning(*_META)
@@ -254,8 +255,8 @@ class SQLStore:
         append_values: dict[str, Any] = {
             "event_seq": sessions.c.event_seq + 1,
             "message_count": sessions.c.message_count + 1,
-            "token_total": sessions.c.token_total + bindparam("tokens"),
-            "updated_at": bindparam("now"),
+            "token_total": sessions.c.token_total + bindparam("v_tokens"),
+            "updated_at": bindparam("v_now"),
             "version": sessions.c.version + 1,
         }
         returning = (sessions.c.event_seq, sessions.c.app_name, sessions.c.user_id)
@@ -273,7 +274,7 @@ class SQLStore:
             self._q_append_private = (
                 update(sessions)
                 .where(_SESSION_KEY)
-                .values({**append_values, "state": bindparam("private_state")})
+                .values({**append_values, "state": bindparam("v_private_state")})
                 .returning(*returning)
             )
         self._q_private_state = select(sessions.c.state).where(_SESSION_KEY)
@@ -286,7 +287,7 @@ class SQLStore:
             self._q_parent = self._q_parent.with_for_update()
         copied = select(
             events.c.org_id,
-            bindparam("child_id"),
+            bindparam("k_child"),
             *_EVENT_COLS,
         ).where(_EVENTS_KEY)
         self._q_copy_events = events.insert().from_select(
@@ -313,7 +314,7 @@ class SQLStore:
         self, conn: AsyncConnection, org_id: str, app_name: str, user_id: str
     ) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
         rows = await conn.execute(
-            self._q_shared, {"org_id": org_id, "app_name": app_name, "user_id": user_id}
+            self._q_shared, {"k_org": org_id, "k_app": app_name, "k_user": user_id}
         )
         user: list[tuple[str, Any]] = []
         app: list[tuple[str, Any]] = []
@@ -350,10 +351,10 @@ class SQLStore:
             await conn.execute(
                 self._q_delete_user_keys,
                 {
-                    "org_id": org_id,
-                    "app_name": app_name,
-                    "user_id": user_id,
-                    "keys": sorted(delta.user_deleted),
+                    "k_org": org_id,
+                    "k_app": app_name,
+                    "k_user": user_id,
+                    "k_keys": sorted(delta.user_deleted),
                 },
             )
         if delta.app_set:
@@ -373,12 +374,12 @@ class SQLStore:
         if delta.app_deleted:
             await conn.execute(
                 self._q_delete_app_keys,
-                {"org_id": org_id, "app_name": app_name, "keys": sorted(delta.app_deleted)},
+                {"k_org": org_id, "k_app": app_name, "k_keys": sorted(delta.app_deleted)},
             )
 
     async def _require(self, conn: AsyncConnection, org_id: str, session_id: str) -> int:
         version = (
-            await conn.execute(self._q_exists, {"org_id": org_id, "id": session_id})
+            await conn.execute(self._q_exists, {"k_org": org_id, "k_id": session_id})
         ).scalar()
         if version is None:
             raise SessionNotFoundError(org_id, session_id)
@@ -432,7 +433,7 @@ class SQLStore:
             row = (
                 await conn.execute(
                     select(*_META, sessions.c.state).where(_SESSION_KEY),
-                    {"org_id": org_id, "id": session_id},
+                    {"k_org": org_id, "k_id": session_id},
                 )
             ).first()
             if row is None:
@@ -450,12 +451,12 @@ class SQLStore:
                 await conn.execute(
                     self._q_update,
                     {
-                        "org_id": session.org_id,
-                        "id": session.id,
-                        "expected": session.version,
-                        "title": session.title,
-                        "state": private,
-                        "now": now,
+                        "k_org": session.org_id,
+                        "k_id": session.id,
+                        "v_expected": session.version,
+                        "v_title": session.title,
+                        "v_state": private,
+                        "v_now": now,
                     },
                 )
             ).first()
@@ -473,7 +474,7 @@ class SQLStore:
     async def delete(self, org_id: str, session_id: str) -> None:
         """Delete a session with its private state and events."""
         check_session(org_id, session_id)
-        params = {"org_id": org_id, "id": session_id}
+        params = {"k_org": org_id, "k_id": session_id}
         async with self._write("delete") as conn:
             await conn.execute(self._q_delete_events, params)
             result = await conn.execute(self._q_delete_session, params)
@@ -502,20 +503,20 @@ class SQLStore:
         stored, delta = prepare_event(event)
         now = utcnow()
         params: dict[str, Any] = {
-            "org_id": org_id,
-            "id": session_id,
-            "tokens": stored.tokens,
-            "now": now,
+            "k_org": org_id,
+            "k_id": session_id,
+            "v_tokens": stored.tokens,
+            "v_now": now,
         }
         async with self._write("append_event") as conn:
             if delta.private_set:
                 if self._ops.merge_private is not None:
-                    params["private_delta"] = delta.private_set
+                    params["v_private_delta"] = delta.private_set
                 else:
                     current = (await conn.execute(self._q_private_state, params)).scalar()
                     if current is None:
                         raise SessionNotFoundError(org_id, session_id)
-                    params["private_state"] = {**current, **delta.private_set}
+                    params["v_private_state"] = {**current, **delta.private_set}
                 row = (await conn.execute(self._q_append_private, params)).first()
             else:
                 row = (await conn.execute(self._q_append, params)).first()
@@ -590,12 +591,12 @@ class SQLStore:
                 await conn.execute(
                     self._q_touch,
                     {
-                        "org_id": org_id,
-                        "id": session_id,
-                        "messages": messages,
-                        "tokens": tokens,
-                        "title": title,
-                        "now": utcnow(),
+                        "k_org": org_id,
+                        "k_id": session_id,
+                        "v_messages": messages,
+                        "v_tokens": tokens,
+                        "v_title": title,
+                        "v_now": utcnow(),
                     },
                 )
             ).first()
@@ -618,7 +619,7 @@ class SQLStore:
         now = utcnow()
         async with self._write("fork") as conn:
             parent = (
-                await conn.execute(self._q_parent, {"org_id": org_id, "id": session_id})
+                await conn.execute(self._q_parent, {"k_org": org_id, "k_id": session_id})
             ).first()
             if parent is None:
                 raise SessionNotFoundError(org_id, session_id)
@@ -646,10 +647,10 @@ class SQLStore:
             if with_events:
                 await conn.execute(
                     self._q_copy_events,
-                    {"org_id": org_id, "id": session_id, "child_id": child_id},
+                    {"k_org": org_id, "k_id": session_id, "k_child": child_id},
                 )
             user, app = await self._shared_rows(conn, org_id, parent.app_name, parent.user_id)
-            child = (await conn.execute(self._q_get, {"org_id": org_id, "id": child_id})).one()
+            child = (await conn.execute(self._q_get, {"k_org": org_id, "k_id": child_id})).one()
         return _session_from_row(child, merge_state(private, user, app))
 
     async def _delete_where(self, operation: str, condition: Any, *, lock: bool) -> int:

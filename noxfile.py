@@ -1,0 +1,62 @@
+"""Developer sessions: lint, typecheck, tests, migrations, wheel. One runner for all of it."""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests", "wheel"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = False
+
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+SOURCES = ["src", "tests", "migrations", "noxfile.py"]
+
+
+def install_group(session: nox.Session, group: str) -> None:
+    """Install a PEP 735 dependency group from pyproject.toml."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, group))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Run ruff's linter and formatter check."""
+    session.install("ruff")
+    session.run("ruff", "check", *SOURCES)
+    session.run("ruff", "format", "--check", *SOURCES)
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """Run mypy --strict on the package."""
+    session.install("-e", ".[sqlite,postgres]", "mypy")
+    session.run("mypy", "--strict", "src")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the whole test suite: memory, SQLite, and Postgres when its URL is set."""
+    session.install("-e", ".[sqlite,postgres]")
+    install_group(session, "test")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def migrations(session: nox.Session) -> None:
+    """Run the migration tests alone (upgrade/downgrade, drift, concurrent migrate)."""
+    session.install("-e", ".[sqlite,postgres]")
+    install_group(session, "test")
+    session.run("pytest", "tests/test_migrations.py", *session.posargs)
+
+
+@nox.session
+def wheel(session: nox.Session) -> None:
+    """Build the wheel and check that, installed alone in a fresh venv, it migrates SQLite."""
+    session.install("build")
+    out = tempfile.mkdtemp(prefix="ds-wheel-")
+    session.run("python", "-m", "build", "--wheel", "--outdir", out, silent=True)
+    (built,) = glob.glob(os.path.join(out, "*.whl"))
+    session.run("python", "tests/wheel_check.py", built)

@@ -6,6 +6,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -44,17 +45,23 @@ async def _admin(url: str, sql: str) -> None:
         await conn.close()
 
 
+def _run_admin(url: str, sql: str) -> None:
+    # A thread of its own, so that this also works inside a running event loop.
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, _admin(url, sql)).result()
+
+
 def create_pg_database(base_url: str) -> str:
     """Create an empty Postgres database next to ``base_url`` and return its URL."""
     name = f"ds_test_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin(base_url, f'CREATE DATABASE "{name}"'))
+    _run_admin(base_url, f'CREATE DATABASE "{name}"')
     return make_url(base_url).set(database=name).render_as_string(hide_password=False)
 
 
 def drop_pg_database(base_url: str, url: str) -> None:
     """Drop a database made by ``create_pg_database``."""
     name = make_url(url).database
-    asyncio.run(_admin(base_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    _run_admin(base_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,49 @@
+"""Helpers for the SQL-store tests: statement counting and table snapshots."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import event, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from durable_sessions.sql.schema import metadata
+
+SQL_BACKENDS = [
+    pytest.param("sqlite", marks=pytest.mark.sqlite),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
+
+
+@contextmanager
+def statements(engine: AsyncEngine) -> Iterator[list[tuple[str, Any]]]:
+    """Record every statement the engine sends to the database inside the block."""
+    seen: list[tuple[str, Any]] = []
+
+    def before(conn: Any, cursor: Any, statement: str, params: Any, ctx: Any, many: Any) -> None:
+        seen.append((statement, params))
+
+    event.listen(engine.sync_engine, "before_cursor_execute", before)
+    try:
+        yield seen
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", before)
+
+
+def data_statements(seen: list[tuple[str, Any]]) -> list[str]:
+    """The statements that read or write data (not BEGIN/COMMIT/PRAGMA)."""
+    skip = ("BEGIN", "COMMIT", "ROLLBACK", "PRAGMA")
+    return [s for s, _ in seen if not s.lstrip().upper().startswith(skip)]
+
+
+async def snapshot(engine: AsyncEngine) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, in primary-key order: equal snapshots mean nothing changed."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    async with engine.connect() as conn:
+        for table in metadata.sorted_tables:
+            rows = await conn.execute(select(table).order_by(*table.primary_key.columns))
+            out[table.name] = [tuple(row) for row in rows]
+    return out

@@ -1,0 +1,100 @@
+"""Reading the newest events is one indexed statement that reads no more than it returns."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from durable_sessions import Manager, SQLStore
+from durable_sessions.model import utcnow
+from durable_sessions.sql.schema import events, sessions
+from sqlhelpers import SQL_BACKENDS, data_statements, statements
+
+pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
+
+N = 10_000
+
+
+async def _long_transcript(engine: AsyncEngine) -> str:
+    store = SQLStore(engine)
+    session = await Manager(store, app_name="app").create("org", "alice")
+    start = utcnow() - timedelta(hours=1)
+    rows = [
+        {
+            "org_id": "org",
+            "session_id": session.id,
+            "seq": i,
+            "id": f"e{i}",
+            "author": "user",
+            "invocation_id": "",
+            "content": {"n": i},
+            "state_delta": {},
+            "tokens": 0,
+            "timestamp": start + timedelta(milliseconds=i),
+        }
+        for i in range(1, N + 1)
+    ]
+    async with engine.begin() as conn:
+        await conn.execute(events.insert(), rows)
+        await conn.execute(update(sessions).where(sessions.c.id == session.id).values(event_seq=N))
+    return session.id
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = [plan]
+    for child in plan.get("Plans", []):
+        nodes.extend(_plan_nodes(child))
+    return nodes
+
+
+async def test_recent_events_use_the_index_and_read_only_what_they_return(
+    backend: str, engine: AsyncEngine
+) -> None:
+    session_id = await _long_transcript(engine)
+    store = SQLStore(engine)
+    await store.list_events("org", session_id, limit=1)  # warm up the connection
+
+    with statements(engine) as seen:
+        recent = await store.list_events("org", session_id, limit=20)
+    assert [e.seq for e in recent] == list(range(N - 19, N + 1))
+    assert [e.content for e in recent] == [{"n": i} for i in range(N - 19, N + 1)]
+    (sql,) = data_statements(seen)
+    params = next(p for s, p in seen if s == sql)
+
+    async with engine.connect() as conn:
+        if backend == "postgres":
+            raw = (
+                await conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
+            ).scalar()
+            plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+            nodes = _plan_nodes(plan)
+            scans = [n for n in nodes if n["Node Type"] in ("Index Scan", "Index Only Scan")]
+            assert scans, nodes
+            assert scans[0]["Index Name"] == "pk_ds_events"
+            assert scans[0]["Scan Direction"] == "Backward"
+            assert scans[0]["Actual Rows"] <= 20
+            assert not [n for n in nodes if n["Node Type"] in ("Sort", "Seq Scan")]
+        else:
+            rows = (await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params)).all()
+            details = " | ".join(str(r[-1]) for r in rows)
+            assert "USING PRIMARY KEY" in details or "USING INDEX" in details, details
+            assert "TEMP B-TREE" not in details, details
+
+
+async def test_after_filter_on_a_long_transcript(engine: AsyncEngine) -> None:
+    session_id = await _long_transcript(engine)
+    store = SQLStore(engine)
+    everything = await store.list_events("org", session_id)
+    assert len(everything) == N
+    cut = everything[-6].timestamp
+    later = await store.list_events("org", session_id, after=cut)
+    assert [e.seq for e in later] == list(range(N - 4, N + 1))
+    assert [e.seq for e in await store.list_events("org", session_id, after=cut, limit=2)] == [
+        N - 1,
+        N,
+    ]

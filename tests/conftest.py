@@ -99,16 +99,15 @@ def migrated_pg_url(pg_base_url: str) -> Iterator[str]:
         finally:
             await engine.dispose()
 
-    asyncio.run(migrate())
+    with ThreadPoolExecutor(1) as pool:  # its own loop, even if a test's loop is running
+        pool.submit(asyncio.run, migrate()).result()
     yield url
     drop_pg_database(pg_base_url, url)
 
 
 async def _truncate(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
-        await conn.exec_driver_sql(
-            "TRUNCATE ds_events, ds_sessions, ds_user_state, ds_app_state"
-        )
+        await conn.exec_driver_sql("TRUNCATE ds_events, ds_sessions, ds_user_state, ds_app_state")
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from .prepare import (
     check_after,
     check_count,
     check_limit,
+    check_max_bytes,
     check_older_than,
     check_session,
     check_title,
@@ -22,7 +23,7 @@ from .prepare import (
     prepare_event,
     prepare_update,
 )
-from .state import ScopedDelta, copy_json, validate_id
+from .state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, copy_json, validate_id
 
 __all__ = ["InMemoryStore"]
 
@@ -47,7 +48,8 @@ class InMemoryStore:
     and events handed out are copies; the store's own data is never exposed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_value_bytes: int | None = DEFAULT_MAX_VALUE_BYTES) -> None:
+        self.max_value_bytes = check_max_bytes(max_value_bytes)
         self._sessions: dict[tuple[str, str], _Record] = {}
         self._user: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._app: dict[tuple[str, str], dict[str, Any]] = {}
@@ -97,7 +99,7 @@ class InMemoryStore:
 
     async def create(self, session: Session) -> Session:
         """Store a new session and its initial state."""
-        delta = prepare_create(session)
+        delta = prepare_create(session, self.max_value_bytes)
         key = (session.org_id, session.id)
         if key in self._sessions:
             raise SessionExistsError(session.org_id, session.id)
@@ -119,7 +121,7 @@ class InMemoryStore:
 
     async def update(self, session: Session) -> Session:
         """Write what changed in the session, if nobody changed it since it was read."""
-        delta = prepare_update(session)
+        delta = prepare_update(session, self.max_value_bytes)
         record = self._record(session.org_id, session.id)
         if record.meta.version != session.version:
             raise StaleSessionError(session.org_id, session.id, session.version)
@@ -156,7 +158,7 @@ class InMemoryStore:
 
     async def append_event(self, org_id: str, session_id: str, event: Event) -> Event:
         """Append an event and apply its state delta atomically."""
-        stored, delta = prepare_event(event)
+        stored, delta = prepare_event(event, self.max_value_bytes)
         record = self._record(org_id, session_id)
         meta = record.meta
         stored.seq = record.events[-1].seq + 1 if record.events else 1

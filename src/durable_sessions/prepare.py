@@ -25,6 +25,7 @@ __all__ = [
     "check_after",
     "check_count",
     "check_limit",
+    "check_max_bytes",
     "check_older_than",
     "check_session",
     "check_title",
@@ -43,6 +44,17 @@ def check_session(org_id: str, session_id: str) -> None:
     """Check an (org id, session id) pair."""
     validate_id("org_id", org_id)
     validate_id("session_id", session_id)
+
+
+def check_max_bytes(max_value_bytes: int | None) -> int | None:
+    """Check a store's value size limit (None means no limit)."""
+    if max_value_bytes is not None and (
+        isinstance(max_value_bytes, bool)
+        or not isinstance(max_value_bytes, int)
+        or max_value_bytes < 1
+    ):
+        raise InvalidArgumentError("max_value_bytes must be a positive integer or None")
+    return max_value_bytes
 
 
 def check_limit(limit: int | None) -> None:
@@ -92,22 +104,22 @@ def _check_metadata(session: Session) -> None:
     check_title(session.title)
 
 
-def prepare_create(session: Session) -> ScopedDelta:
+def prepare_create(session: Session, max_bytes: int | None = None) -> ScopedDelta:
     """Check a new session and return its whole state as a delta."""
     _check_metadata(session)
     if session.parent_id is not None:
         validate_id("parent_id", session.parent_id)
-    return split_delta(session.state)
+    return split_delta(session.state, (), max_bytes)
 
 
-def prepare_update(session: Session) -> ScopedDelta:
+def prepare_update(session: Session, max_bytes: int | None = None) -> ScopedDelta:
     """Check a session about to be saved and return what changed since it was read."""
     _check_metadata(session)
     changed, deleted = session.changes()
-    return split_delta(changed, deleted)
+    return split_delta(changed, deleted, max_bytes)
 
 
-def prepare_event(event: Event) -> tuple[Event, ScopedDelta]:
+def prepare_event(event: Event, max_bytes: int | None = None) -> tuple[Event, ScopedDelta]:
     """Check an event and return the copy to store (no ``temp:`` keys) and its delta."""
     if not isinstance(event, Event):
         raise InvalidArgumentError(f"expected an Event, not {type(event).__name__}")
@@ -117,10 +129,10 @@ def prepare_event(event: Event) -> tuple[Event, ScopedDelta]:
     check_count("event tokens", event.tokens)
     stamp = check_after(event.timestamp)
     assert stamp is not None
-    validate_value("<event content>", event.content)
+    validate_value("<event content>", event.content, max_bytes)
     if not isinstance(event.state_delta, Mapping):
         raise InvalidArgumentError("event state_delta must be a dict")
-    delta = split_delta(event.state_delta)
+    delta = split_delta(event.state_delta, (), max_bytes)
     kept = {k: copy_json(v) for k, v in event.state_delta.items() if not k.startswith("temp:")}
     stored = replace(event, content=copy_json(event.content), state_delta=kept, timestamp=stamp)
     return stored, delta

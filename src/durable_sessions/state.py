@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from .errors import InvalidArgumentError, InvalidStateError
 
 __all__ = [
     "APP_PREFIX",
+    "DEFAULT_MAX_VALUE_BYTES",
     "TEMP_PREFIX",
     "USER_PREFIX",
     "Scope",
@@ -38,6 +40,8 @@ Scope = Literal["private", "user", "app", "temp"]
 MAX_KEY_LENGTH = 1024
 MAX_ID_LENGTH = 255
 MAX_DEPTH = 64
+DEFAULT_MAX_VALUE_BYTES = 1 << 20
+"""Stores refuse a state value or event content larger than this (1 MiB) unless told otherwise."""
 
 
 def scope_of(key: str) -> Scope:
@@ -92,11 +96,28 @@ def validate_key(key: object) -> str:
     return key
 
 
-def validate_value(key: str, value: object) -> None:
-    """Check that ``value`` is a JSON value every backend stores and returns unchanged."""
+def validate_value(key: str, value: object, max_bytes: int | None = None) -> None:
+    """Check that ``value`` is a JSON value every backend stores and returns unchanged.
+
+    Args:
+        key: The key the value is stored under, named in the error.
+        value: The value to check.
+        max_bytes: The largest size allowed for the value encoded as UTF-8 JSON, if any.
+
+    Raises:
+        InvalidStateError: the value is not storable, or larger than ``max_bytes``.
+    """
     problem = _json_problem(value, 0)
     if problem is not None:
         raise InvalidStateError(key, problem)
+    if max_bytes is not None:
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+        if size > max_bytes:
+            raise InvalidStateError(
+                key,
+                f"the value is {size} bytes as JSON, over the store's limit of {max_bytes} "
+                "bytes (max_value_bytes)",
+            )
 
 
 def _json_problem(value: object, depth: int) -> str | None:
@@ -180,7 +201,9 @@ def diff_state(
     return changed, deleted
 
 
-def split_delta(changed: Mapping[str, Any], deleted: Iterable[str] = ()) -> ScopedDelta:
+def split_delta(
+    changed: Mapping[str, Any], deleted: Iterable[str] = (), max_bytes: int | None = None
+) -> ScopedDelta:
     """Validate changes and split them by scope; ``temp:`` keys are dropped.
 
     Raises:
@@ -192,7 +215,7 @@ def split_delta(changed: Mapping[str, Any], deleted: Iterable[str] = ()) -> Scop
         scope = scope_of(key)
         if scope == "temp":
             continue
-        validate_value(key, value)
+        validate_value(key, value, max_bytes)
         value = copy_json(value)
         if scope == "private":
             delta.private_set[key] = value

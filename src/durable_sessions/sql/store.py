@@ -36,6 +36,7 @@ from ..prepare import (
     check_after,
     check_count,
     check_limit,
+    check_max_bytes,
     check_older_than,
     check_session,
     check_title,
@@ -45,7 +46,7 @@ from ..prepare import (
     prepare_event,
     prepare_update,
 )
-from ..state import ScopedDelta, scope_of, validate_id
+from ..state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, scope_of, validate_id
 from .dialect import dialect_ops, install_sqlite_pragmas
 from .schema import app_state, events, sessions, user_state
 
@@ -150,18 +151,27 @@ class SQLStore:
     Args:
         engine: An engine on ``sqlite+aiosqlite://`` or ``postgresql+asyncpg://``.
         busy_timeout: SQLite only: seconds a writer waits for another writer's lock.
+        max_value_bytes: The largest state value or event content accepted, as UTF-8 JSON;
+            larger ones raise ``InvalidStateError``. None removes the limit.
 
     Raises:
         InvalidArgumentError: the engine is not async or its driver is not supported.
     """
 
-    def __init__(self, engine: AsyncEngine, *, busy_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        busy_timeout: float = 30.0,
+        max_value_bytes: int | None = DEFAULT_MAX_VALUE_BYTES,
+    ) -> None:
         if not isinstance(engine, AsyncEngine):
             raise InvalidArgumentError(
                 "SQLStore needs an AsyncEngine (sqlalchemy.ext.asyncio.create_async_engine)"
             )
         self._engine = engine
         self._owns_engine = False
+        self.max_value_bytes = check_max_bytes(max_value_bytes)
         self._ops = dialect_ops(engine.dialect.name, engine.dialect.driver)
         if self._ops.name == "sqlite":
             install_sqlite_pragmas(engine.sync_engine, int(busy_timeout * 1000))
@@ -389,7 +399,7 @@ class SQLStore:
 
     async def create(self, session: Session) -> Session:
         """Store a new session and its initial state; fill in its timestamps and version."""
-        delta = prepare_create(session)
+        delta = prepare_create(session, self.max_value_bytes)
         now = utcnow()
         async with self._write("create") as conn:
             inserted = await conn.execute(
@@ -443,7 +453,7 @@ class SQLStore:
 
     async def update(self, session: Session) -> Session:
         """Write the title and the state keys set or deleted since the session was read."""
-        delta = prepare_update(session)
+        delta = prepare_update(session, self.max_value_bytes)
         private = {k: v for k, v in session.state.items() if scope_of(k) == "private"}
         now = utcnow()
         async with self._write("update") as conn:
@@ -500,7 +510,7 @@ class SQLStore:
     async def append_event(self, org_id: str, session_id: str, event: Event) -> Event:
         """Append an event and apply its state delta, atomically."""
         check_session(org_id, session_id)
-        stored, delta = prepare_event(event)
+        stored, delta = prepare_event(event, self.max_value_bytes)
         now = utcnow()
         params: dict[str, Any] = {
             "k_org": org_id,

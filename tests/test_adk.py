@@ -336,7 +336,7 @@ async def test_get_session_with_config(service: DurableSessionService) -> None:
     assert await events() == [1, 2, 3, 4, 5]
     assert await events(num_recent_events=3) == [3, 4, 5]
     assert await events(num_recent_events=0) == []
-    assert await events(num_recent_events=10) == [1, 2, 3, 4, 5]
+    assert await events(num_recent_events=7) == [1, 2, 3, 4, 5]
     assert await events(after_timestamp=base + 4) == [4, 5]  # inclusive
     assert await events(after_timestamp=base + 3.5) == [4, 5]
     assert await events(after_timestamp=base + 50) == []

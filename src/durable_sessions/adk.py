@@ -58,7 +58,6 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
 
 from .context import current_org_id
 from .errors import SessionExistsError, SessionNotFoundError
-from .memory import InMemoryStore
 from .model import Event, Filter, Session, new_id
 from .state import TEMP_PREFIX, validate_id
 from .store import Store
@@ -260,28 +259,21 @@ class DurableSessionService(BaseSessionService):
             last_update_time = await self._last_update_time(org_id, stored)
         return self._to_adk(stored, events, last_update_time)
 
-    async def _records(
-        self, org_id: str, session_id: str, limit: int | None, after: datetime | None
-    ) -> list[Event]:
-        if limit is not None and isinstance(self.store, InMemoryStore):
-            # InMemoryStore.list_events slices wrongly when ``limit`` exceeds the events
-            # it has (events[len - limit:]); take the newest here until it is fixed.
-            found = await self.store.list_events(org_id, session_id, after=after)
-            return found[len(found) - limit :] if len(found) > limit else found
-        return await self.store.list_events(org_id, session_id, limit=limit, after=after)
-
     async def _events(
         self, org_id: str, session_id: str, limit: int | None, after: float | None
     ) -> list[AdkEvent]:
         """Read events: the newest ``limit`` of those at or after ``after`` (exactly)."""
         if after is None:
-            return [_from_record(r) for r in await self._records(org_id, session_id, limit, None)]
+            return [
+                _from_record(r)
+                for r in await self.store.list_events(org_id, session_id, limit=limit)
+            ]
         # Stored timestamps have microsecond precision: read a superset, then filter exactly.
         bound = datetime.fromtimestamp(after, tz=timezone.utc) - _ONE_MICROSECOND
-        records = await self._records(org_id, session_id, limit, bound)
+        records = await self.store.list_events(org_id, session_id, limit=limit, after=bound)
         events = [e for e in map(_from_record, records) if e.timestamp >= after]
         if limit is not None and len(events) < len(records) == limit:
-            records = await self._records(org_id, session_id, None, bound)
+            records = await self.store.list_events(org_id, session_id, after=bound)
             events = [e for e in map(_from_record, records) if e.timestamp >= after][-limit:]
         return events
 

@@ -451,6 +451,17 @@ async def test_touch_never_retitles_a_titled_session(manager: Manager) -> None:
     assert b.title == "First question"
 
 
+async def test_touch_keeps_a_title_set_on_the_object(manager: Manager) -> None:
+    session = await manager.create(ORG, USER)
+    session.title = "Chosen"
+
+    await manager.touch(session, first_message="Something else")
+    await manager.save(session)
+
+    assert session.title == "Chosen"
+    assert (await manager.get(ORG, session.id)).title == "Chosen"
+
+
 async def test_touch_moves_version_and_updated_at_and_a_later_save_works(
     manager: Manager,
 ) -> None:

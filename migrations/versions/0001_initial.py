@@ -28,9 +28,9 @@ def _id() -> sa.String:
     return sa.String(255)
 
 
-def _json() -> sa.JSON:
-    """JSON on SQLite, JSONB on Postgres."""
-    return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+def _json() -> sa.types.TypeEngine[object]:
+    """JSON as TEXT on SQLite (a JSON column would get NUMERIC affinity), JSONB on Postgres."""
+    return sa.Text().with_variant(postgresql.JSONB(), "postgresql")
 
 
 def _timestamp() -> sa.DateTime:

@@ -105,6 +105,10 @@ SELECT c.*,
 FROM c
 """
 DELETE = "DELETE FROM ds_sessions WHERE org_id = $1 AND id = $2"  # events: ON DELETE CASCADE
+EVENTS = """
+SELECT seq, id, author, invocation_id, content, state_delta, tokens, timestamp FROM ds_events
+WHERE org_id = $1 AND session_id = $2 ORDER BY seq DESC LIMIT $3
+"""
 
 
 def _split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -256,6 +260,15 @@ class FloorPostgres(Implementation):
             json.loads(row["state"]), json.loads(row["ustate"]), json.loads(row["astate"])
         )
         return Handle(child_id, row["user_id"], state, 1)
+
+    async def events(self, session_id: str, limit: int) -> int:
+        """The newest ``limit`` events of a session, oldest first (list_events' floor)."""
+        rows = await self._fetch(EVENTS, ORG, session_id, limit)
+        found = [
+            (r[0], r[1], r[2], r[3], json.loads(r[4]), json.loads(r[5]), r[6], r[7]) for r in rows
+        ]
+        found.reverse()
+        return len(found)
 
     async def delete(self, handle: Handle) -> None:
         assert self.counters is not None

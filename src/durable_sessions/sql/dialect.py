@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import JSON, String, Table, any_, bindparam, event, func, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import ColumnElement
@@ -73,7 +73,7 @@ class DialectOps:
 def _pg_merge_private() -> ColumnElement[Any]:
     # jsonb || jsonb replaces top-level keys and keeps JSON null as a value, in one statement.
     return sessions.c.state.op("||", return_type=JSONValue)(
-        bindparam("v_private_delta", type_=JSONB)
+        bindparam("v_private_delta", type_=JSONValue)
     )
 
 

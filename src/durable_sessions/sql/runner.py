@@ -147,15 +147,12 @@ class SQLiteRunner(Runner):
         with translated(operation):
             async with self.engine.connect() as conn:
                 raw = await conn.get_raw_connection()
-                driver = raw.driver_connection
+                driver: Any = raw.driver_connection
                 try:
-                    return await driver._execute(  # type: ignore[union-attr,no-any-return]
-                        _drive_sqlite,
-                        driver._conn,
-                        program,
-                        mode != "read",
-                        log,  # type: ignore[union-attr]
+                    result: T = await driver._execute(
+                        _drive_sqlite, driver._conn, program, mode != "read", log
                     )
+                    return result
                 finally:
                     if log:
                         self._emit(conn, log)

@@ -209,7 +209,7 @@ class Statements:
             (user_state, "user", USER_KEY, [driver.c.app_name, driver.c.user_id]),
             (app_state, "app", APP_KEY, [driver.c.app_name]),
         ):
-            pairs = func.jsonb_each(bindparam(f"v_{name}_set", type_=JSONB)).table_valued(
+            pairs = func.jsonb_each(bindparam(f"v_{name}_set", type_=JSONValue)).table_valued(
                 column("key", Text), column("value", JSONB)
             )
             rows = select(bindparam("k_org"), *scope, pairs.c.key, pairs.c.value, NOW)

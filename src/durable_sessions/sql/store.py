@@ -74,6 +74,10 @@ def _event(row: Any) -> Event:
     )
 
 
+def _count(row: Any) -> int:
+    return int(row.n)
+
+
 def _shared(user: dict[str, Any] | None, app: dict[str, Any] | None) -> tuple[Any, Any]:
     return (user or {}).items(), (app or {}).items()
 
@@ -552,8 +556,8 @@ class SQLStore:
             stmt = self._q.shape(
                 ("purge", "count"), lambda: select(func.count().label("n")).where(where)
             )
-            rows = await self._runner.run(self._rows(stmt, params, int), "read", "purge")
-            return int(rows[0][0]) if rows and not isinstance(rows[0], int) else int(rows[0])
+            counts = await self._runner.run(self._rows(stmt, params, _count), "read", "purge")
+            return int(counts[0])
         return await self._delete_all("purge", where, params)
 
     async def delete_user(self, org_id: str, user_id: str) -> int:

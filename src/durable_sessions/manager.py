@@ -158,7 +158,8 @@ class Manager:
         )
         session.message_count = stored.message_count
         session.token_total = stored.token_total
-        session.title = stored.title
+        if not session.title:  # a title set on this object and not yet saved stays
+            session.title = stored.title
         session.updated_at = stored.updated_at
         session.version += 1
         return session

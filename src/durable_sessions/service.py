@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from .errors import SessionNotFoundError
-from .model import Event, Filter, Session, new_id
+from .model import Event, Filter, Session, new_id, utcnow
 from .state import validate_id
 from .store import Store
 
@@ -100,6 +100,6 @@ class SessionService:
             session.absorb(dict(event.state_delta))
             session.message_count += 1
             session.token_total += stored.tokens
-            session.updated_at = stored.timestamp
+            session.updated_at = utcnow()
             session.version += 1
         return stored

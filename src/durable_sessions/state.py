@@ -130,6 +130,9 @@ def _json_problem(value: object, depth: int) -> str | None:
         problem = check_text(value)
         return None if problem is None else f"a string value {problem}"
     if isinstance(value, int):
+        # Python refuses to print integers this long as text, so no backend could store them.
+        if value.bit_length() > 4000 * 3 and len(_digits(value)) > 4000:
+            return "the integer has more than 4000 digits"
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{value!r} is not a JSON number"
@@ -191,6 +194,13 @@ def _encode(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
+def _digits(value: int) -> str:
+    try:
+        return str(abs(value))
+    except ValueError:  # over sys.get_int_max_str_digits()
+        return "9" * 5000
+
+
 def copy_json(value: Any) -> Any:
     """Deep-copy a JSON value (much faster than ``copy.deepcopy`` for plain data)."""
     if isinstance(value, dict):
@@ -250,10 +260,11 @@ def split_delta(
     delta = ScopedDelta()
     for key, value in changed.items():
         validate_key(key)
+        # temp: values are checked too, so that every entry point refuses the same input.
+        validate_value(key, value, max_bytes)
         scope = scope_of(key)
         if scope == "temp":
             continue
-        validate_value(key, value, max_bytes)
         value = copy_json(value)
         if scope == "private":
             delta.private_set[key] = value

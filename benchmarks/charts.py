@@ -1,0 +1,96 @@
+"""The PNG charts (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from .common import WORKLOADS
+from .report import COLORS, IMPLS, LABELS, index
+
+
+def side_by_side_chart(rows: list[dict[str, Any]], path: Path) -> None:
+    """Bars of ops/s per workload, the three implementations side by side, per backend."""
+    by = index(rows)
+    backends = sorted({r["backend"] for r in rows}, reverse=True)
+    concs = sorted({r["concurrency"] for r in rows})
+    fig, axes = plt.subplots(
+        len(backends), len(concs), figsize=(7.5 * len(concs), 4.6 * len(backends)), squeeze=False
+    )
+    width = 0.27
+    for bi, backend in enumerate(backends):
+        for ci, conc in enumerate(concs):
+            ax = axes[bi][ci]
+            workloads = [w for w in WORKLOADS if any((backend, w, conc, i) in by for i in IMPLS)]
+            for k, impl in enumerate(IMPLS):
+                values = [
+                    by.get((backend, w, conc, impl), {}).get("ops_per_sec", 0) for w in workloads
+                ]
+                xs = [x + (k - 1) * width for x in range(len(workloads))]
+                ax.bar(xs, values, width, label=LABELS[impl], color=COLORS[impl])
+            for x, w in enumerate(workloads):
+                ours = by.get((backend, w, conc, "durable-sessions"), {}).get("ops_per_sec", 0)
+                adk = by.get((backend, w, conc, "google-adk"), {}).get("ops_per_sec", 0)
+                if ours and adk:
+                    ax.annotate(
+                        f"{ours / adk:.1f}x",
+                        (x - width, ours),
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                        color=COLORS["durable-sessions"],
+                    )
+            ax.set_yscale("log")
+            ax.set_xticks(range(len(workloads)))
+            ax.set_xticklabels(workloads, rotation=30, ha="right", fontsize=8)
+            ax.set_ylabel("operations per second (log)")
+            mode = "sequential" if conc == 1 else f"{conc} concurrent tasks"
+            ax.set_title(f"{backend}, {mode}", fontsize=10)
+            ax.grid(axis="y", which="major", alpha=0.3)
+            if bi == 0 and ci == 0:
+                ax.legend(fontsize=8, loc="upper right")
+    fig.suptitle(
+        "durable-sessions vs Google ADK DatabaseSessionService vs raw driver "
+        "(numbers: durable-sessions ÷ ADK throughput)",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def scaling_chart(rows: list[dict[str, Any]], path: Path) -> None:
+    """p50 latency against table size and transcript length, per backend."""
+    backends = sorted({r["backend"] for r in rows}, reverse=True)
+    fig, axes = plt.subplots(len(backends), 2, figsize=(12, 4.2 * len(backends)), squeeze=False)
+    for bi, backend in enumerate(backends):
+        for ai, (axis, xlabel) in enumerate(
+            (("sessions", "sessions in the table"), ("events", "events in the transcript"))
+        ):
+            ax = axes[bi][ai]
+            sel = [r for r in rows if r["backend"] == backend and r["axis"] == axis]
+            for op in dict.fromkeys(r["operation"] for r in sel):
+                points = sorted(
+                    (r["size"], r["p50_ms"], r["p99_ms"]) for r in sel if r["operation"] == op
+                )
+                if not points:
+                    continue
+                xs = [p[0] for p in points]
+                line = ax.plot(xs, [p[1] for p in points], marker="o", label=f"{op} p50")[0]
+                ax.plot(xs, [p[2] for p in points], ls=":", color=line.get_color(), alpha=0.6)
+            ax.set_xscale("log")
+            ax.set_ylim(bottom=0)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("latency, ms (dotted: p99)")
+            ax.set_title(f"{backend}: latency as the {xlabel} grow", fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle("durable-sessions: flat latency as data grows (sequential)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

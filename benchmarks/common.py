@@ -1,0 +1,313 @@
+"""Shared plumbing: fresh databases, statement and round-trip counters, the timing loop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+ORG = "bench"
+APP = "bench-app"
+LIST_USER = "lister"
+DEFAULT_PG_ADMIN_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
+WORKLOADS = (
+    "create",
+    "get",
+    "get_recent20",
+    "save",
+    "append_event",
+    "list50",
+    "fork",
+    "delete",
+)
+TX_WORDS = ("BEGIN", "COMMIT", "ROLLBACK", "END", "START")
+
+Op = Callable[[], Awaitable[Any]]
+"""One measured operation of one worker."""
+
+
+def pg_admin_url() -> str:
+    return os.environ.get("DURABLE_SESSIONS_BENCH_POSTGRES_URL", DEFAULT_PG_ADMIN_URL)
+
+
+def raw_pg_dsn(sqlalchemy_url: str) -> str:
+    """A libpq-style DSN for asyncpg from a ``postgresql+asyncpg://`` URL."""
+    url = make_url(sqlalchemy_url).set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+# -- fresh databases ----------------------------------------------------------------------
+
+
+class Database:
+    """A fresh database for one implementation: a new Postgres database or SQLite file."""
+
+    def __init__(self, backend: str, label: str, tmpdir: Path) -> None:
+        self.backend = backend
+        self.label = label
+        self.name = f"ds_bench_{label}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        self.path = tmpdir / f"{self.name}.db"
+
+    @property
+    def url(self) -> str:
+        """The SQLAlchemy async URL of the database."""
+        if self.backend == "sqlite":
+            return f"sqlite+aiosqlite:///{self.path}"
+        url = make_url(pg_admin_url()).set(database=self.name)
+        return url.render_as_string(hide_password=False)
+
+    async def create(self) -> None:
+        if self.backend == "sqlite":
+            import sqlite3
+
+            # WAL is a property of the file: every implementation's connections get it.
+            con = sqlite3.connect(self.path)
+            con.execute("PRAGMA journal_mode = WAL")
+            con.close()
+            return
+        import asyncpg
+
+        con = await asyncpg.connect(raw_pg_dsn(pg_admin_url()))
+        try:
+            await con.execute(f'CREATE DATABASE "{self.name}"')
+        finally:
+            await con.close()
+
+    async def drop(self) -> None:
+        if self.backend == "sqlite":
+            _remove_sqlite_files(self.path)
+            return
+        import asyncpg
+
+        con = await asyncpg.connect(raw_pg_dsn(pg_admin_url()))
+        try:
+            await con.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        finally:
+            await con.close()
+
+
+async def migrate_schema(url: str) -> None:
+    """Create durable-sessions' schema in a database, through the library's migrations."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from durable_sessions import SQLStore
+
+    engine = create_async_engine(url)
+    try:
+        await SQLStore(engine).migrate()
+    finally:
+        await engine.dispose()
+
+
+def _remove_sqlite_files(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def new_tmpdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="ds-bench-"))
+
+
+# -- counters -----------------------------------------------------------------------------
+
+
+@dataclass
+class Counters:
+    """SQL statements seen by SQLAlchemy (or counted by hand) and driver calls.
+
+    ``round_trips`` is what the driver did: on Postgres every asyncpg call that reaches the
+    server (statements, BEGIN/COMMIT/ROLLBACK, pool pings); on SQLite every hop to
+    aiosqlite's worker thread (statements, fetches, commits, cursor closes).
+    """
+
+    statements: int = 0
+    round_trips: int = 0
+
+    def reset(self) -> None:
+        self.statements = 0
+        self.round_trips = 0
+
+
+DRIVER = Counters()
+"""Driver calls of whatever implementation runs now (one runs at a time)."""
+
+_patched = False
+
+
+def _count(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        DRIVER.round_trips += 1
+        return await fn(*args, **kwargs)
+
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def install_driver_counters() -> None:
+    """Count asyncpg server calls and aiosqlite thread hops, for every implementation."""
+    global _patched
+    if _patched:
+        return
+    _patched = True
+    try:
+        import asyncpg.connection
+        import asyncpg.prepared_stmt
+
+        conn_cls: Any = asyncpg.connection.Connection
+        for name in ("execute", "executemany", "fetch", "fetchrow", "fetchval"):
+            setattr(conn_cls, name, _count(getattr(conn_cls, name)))
+        stmt_cls: Any = asyncpg.prepared_stmt.PreparedStatement
+        for name in ("fetch", "fetchrow", "fetchval", "executemany"):
+            setattr(stmt_cls, name, _count(getattr(stmt_cls, name)))
+    except ImportError:
+        pass
+    try:
+        import aiosqlite.core
+
+        aio_cls: Any = aiosqlite.core.Connection
+        aio_cls._execute = _count(aio_cls._execute)
+    except ImportError:
+        pass
+
+
+def count_statements(engine: AsyncEngine, counters: Counters) -> None:
+    """Count the statements an engine sends (``before_cursor_execute``), BEGIN/COMMIT aside."""
+
+    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not statement.lstrip().upper().startswith(TX_WORDS):
+            counters.statements += 1
+
+    event.listen(engine.sync_engine, "before_cursor_execute", before)
+
+
+# -- the timing loop ----------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    """One implementation running one workload at one concurrency."""
+
+    backend: str
+    impl: str
+    workload: str
+    concurrency: int
+    ops: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    ops_per_sec: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    statements_per_op: float | None = None
+    round_trips_per_op: float = 0.0
+    cpu_us_per_op: float = 0.0
+    first_error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+async def measure(
+    ops: list[Op],
+    *,
+    duration: float,
+    counters: Counters | None,
+    max_ops: int | None = None,
+    warmup: int = 5,
+) -> dict[str, Any]:
+    """Run each worker's op in a loop for ``duration`` seconds, all workers at once.
+
+    Each worker first runs ``warmup`` untimed ops (compiled caches, prepared statements,
+    pool connections). ``max_ops`` caps the ops of each worker (a finite supply, as for
+    delete). Returns ops, errors, seconds, latencies and per-op counts.
+    """
+    errors: list[BaseException] = []
+    remaining = [max_ops if max_ops is not None else -1 for _ in ops]
+
+    async def warm(index: int, op: Op) -> None:
+        for _ in range(warmup):
+            if remaining[index] == 0:
+                return
+            if remaining[index] > 0:
+                remaining[index] -= 1
+            try:
+                await op()
+            except Exception as exc:
+                errors.append(exc)
+
+    await asyncio.gather(*(warm(i, op) for i, op in enumerate(ops)))
+    errors.clear()
+    latencies: list[list[float]] = [[] for _ in ops]
+    if counters is not None:
+        counters.reset()
+    DRIVER.reset()
+    start = time.perf_counter()
+    cpu_start = time.process_time()
+    deadline = start + duration
+
+    async def worker(index: int, op: Op) -> None:
+        lat = latencies[index]
+        clock = time.perf_counter
+        while clock() < deadline and remaining[index] != 0:
+            if remaining[index] > 0:
+                remaining[index] -= 1
+            t0 = clock()
+            try:
+                await op()
+            except Exception as exc:
+                errors.append(exc)
+                await asyncio.sleep(0.001)
+                continue
+            lat.append(clock() - t0)
+
+    await asyncio.gather(*(worker(i, op) for i, op in enumerate(ops)))
+    seconds = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
+    flat = sorted(x for lat in latencies for x in lat)
+    n = len(flat)
+    return {
+        "ops": n,
+        "errors": len(errors),
+        "first_error": repr(errors[0])[:300] if errors else "",
+        "seconds": seconds,
+        "ops_per_sec": n / seconds if seconds else 0.0,
+        "p50_ms": percentile(flat, 0.50) * 1000,
+        "p99_ms": percentile(flat, 0.99) * 1000,
+        "mean_ms": (statistics.fmean(flat) * 1000) if flat else 0.0,
+        "statements_per_op": (counters.statements / n) if (counters and n) else None,
+        "round_trips_per_op": (DRIVER.round_trips / n) if n else 0.0,
+        "cpu_us_per_op": (cpu / n * 1e6) if n else 0.0,
+    }
+
+
+async def run_parallel(
+    count: int, concurrency: int, make: Callable[[int], Awaitable[Any]]
+) -> list[Any]:
+    """Run ``make(i)`` for i in range(count), at most ``concurrency`` at a time (setup only)."""
+    results: list[Any] = [None] * count
+    next_index = 0
+
+    async def worker() -> None:
+        nonlocal next_index
+        while next_index < count:
+            i = next_index
+            next_index += 1
+            results[i] = await make(i)
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, count) or 1)))
+    return results

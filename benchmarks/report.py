@@ -1,0 +1,192 @@
+"""results.json, results.md and the PNG charts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .common import WORKLOADS
+
+IMPLS = ("durable-sessions", "google-adk", "floor")
+LABELS = {"durable-sessions": "durable-sessions", "google-adk": "Google ADK", "floor": "raw driver"}
+COLORS = {"durable-sessions": "#1f77b4", "google-adk": "#ff7f0e", "floor": "#7f7f7f"}
+TARGET_VS_ADK = 3.0
+TARGET_VS_FLOOR = 0.5  # "within 2x of the floor"
+FLOOR_TARGETED = ("get", "save", "append_event")
+NOTES = """\
+Each implementation runs in its own fresh database on the same server, in the same run,
+workload by workload (the order rotates), with SQLAlchemy's default pool (5 + 10 overflow) or
+15 raw connections for the floor. Concurrency c means c tasks in `asyncio.gather` over one
+engine. Ratios are throughput ratios within this run; absolute numbers on a noisy 2-core
+machine move 2-4x between runs.
+
+- *stmts/op*: SQL statements per operation (SQLAlchemy's `before_cursor_execute` for
+  durable-sessions and ADK, counted by hand for the floor), BEGIN/COMMIT/ROLLBACK not counted.
+- *round trips/op*: on Postgres every asyncpg call that reaches the server (statements,
+  BEGIN, COMMIT, ROLLBACK, ADK's pool pre-ping); on SQLite every hop to aiosqlite's worker
+  thread (statements, fetches, commits, cursor closes).
+- *CPU us/op*: process CPU time (all threads, the client side only) per operation.
+- ADK equivalents: *save* is `append_event` with `EventActions(state_delta=...)` (ADK has no
+  other way to write state; it stores an event too); *list50* is `list_sessions` (no limit:
+  it loads all 1,000 sessions with their state) then the 50 newest picked in Python; *fork*
+  is `get_session(num_recent_events=0)` + `create_session` with the parent's private keys.
+- get is `SessionService.get` (state and events; the session has none); get_recent20 is
+  `SessionService.get(num_recent_events=20)` on a session of 1,000 events.
+"""
+
+
+def empty_results() -> dict[str, Any]:
+    return {"runs": {}, "side_by_side": [], "scaling": []}
+
+
+def load_results(out: Path) -> dict[str, Any]:
+    path = out / "results.json"
+    if not path.exists():
+        return empty_results()
+    data: dict[str, Any] = json.loads(path.read_text())
+    base = empty_results()
+    base.update(data)
+    return base
+
+
+def save_results(results: dict[str, Any], out: Path, *, charts: bool = True) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    (out / "results.md").write_text(markdown(results))
+    if charts:
+        from .charts import scaling_chart, side_by_side_chart
+
+        if results["side_by_side"]:
+            side_by_side_chart(results["side_by_side"], out / "side_by_side.png")
+        if results["scaling"]:
+            scaling_chart(results["scaling"], out / "scaling.png")
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if digits == 0 and value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.{max(digits, 1) if value < 10 else digits}f}"
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if a and b else None
+
+
+def index(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int, str], dict[str, Any]]:
+    return {(r["backend"], r["workload"], r["concurrency"], r["impl"]): r for r in rows}
+
+
+def side_by_side_tables(rows: list[dict[str, Any]]) -> list[str]:
+    lines: list[str] = []
+    by = index(rows)
+    for backend in sorted({r["backend"] for r in rows}, reverse=True):
+        for conc in sorted({r["concurrency"] for r in rows if r["backend"] == backend}):
+            title = "sequential" if conc == 1 else f"{conc} concurrent tasks"
+            lines += [
+                f"### {backend}, {title}",
+                "",
+                "| workload | ops/s ours | ops/s ADK | ops/s floor | ours/ADK | ours/floor "
+                "| p50 ms ours / ADK / floor | p99 ms ours / ADK / floor "
+                "| stmts/op ours / ADK / floor | round trips/op ours / ADK / floor "
+                "| CPU us/op ours / ADK / floor |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            ]
+            for workload in WORKLOADS:
+                cells = [by.get((backend, workload, conc, impl)) for impl in IMPLS]
+                if all(c is None for c in cells):
+                    continue
+                ours, adk, floor = (c or {} for c in cells)
+
+                def trio(key: str, digits: int, cells: list[Any] = cells) -> str:
+                    return " / ".join(_fmt((c or {}).get(key), digits) for c in cells)
+
+                vs_adk = _ratio(ours.get("ops_per_sec", 0), adk.get("ops_per_sec", 0))
+                vs_floor = _ratio(ours.get("ops_per_sec", 0), floor.get("ops_per_sec", 0))
+                mark_adk = "" if vs_adk is None or vs_adk >= TARGET_VS_ADK else " ✗"
+                mark_floor = ""
+                if backend == "postgres" and workload in FLOOR_TARGETED and vs_floor is not None:
+                    mark_floor = " ✓" if vs_floor >= TARGET_VS_FLOOR else " ✗"
+                errors = [
+                    f"{LABELS[i]}: {c['first_error'][:60]}"
+                    for i, c in zip(IMPLS, cells, strict=True)
+                    if c and c.get("errors")
+                ]
+                name = workload + (f" (errors: {'; '.join(errors)})" if errors else "")
+                lines.append(
+                    f"| {name} | {_fmt(ours.get('ops_per_sec'))} | {_fmt(adk.get('ops_per_sec'))} "
+                    f"| {_fmt(floor.get('ops_per_sec'))} "
+                    f"| {_fmt(vs_adk, 2)}x{mark_adk} | {_fmt(vs_floor, 2)}x{mark_floor} "
+                    f"| {trio('p50_ms', 2)} | {trio('p99_ms', 2)} | {trio('statements_per_op', 1)} "
+                    f"| {trio('round_trips_per_op', 1)} | {trio('cpu_us_per_op', 0)} |"
+                )
+            lines.append("")
+    return lines
+
+
+def scaling_tables(rows: list[dict[str, Any]]) -> list[str]:
+    lines: list[str] = []
+    for backend in sorted({r["backend"] for r in rows}, reverse=True):
+        for axis, what in (
+            ("sessions", "sessions in the table"),
+            ("events", "events in one transcript"),
+        ):
+            sel = [r for r in rows if r["backend"] == backend and r["axis"] == axis]
+            if not sel:
+                continue
+            sizes = sorted({r["size"] for r in sel})
+            ops = list(dict.fromkeys(r["operation"] for r in sel))
+            lines += [
+                f"### {backend}: p50 (p99) ms as the {what} grow",
+                "",
+                "| operation | "
+                + " | ".join(f"{s:,}" for s in sizes)
+                + " | largest/smallest p50 |",
+                "|---|" + "---:|" * (len(sizes) + 1),
+            ]
+            for op in ops:
+                cell = {r["size"]: r for r in sel if r["operation"] == op}
+                values = [
+                    f"{cell[s]['p50_ms']:.2f} ({cell[s]['p99_ms']:.2f})" if s in cell else "-"
+                    for s in sizes
+                ]
+                first, last = cell.get(sizes[0]), cell.get(sizes[-1])
+                growth = _ratio(last["p50_ms"], first["p50_ms"]) if first and last else None
+                flag = "" if growth is None else (" ✓" if growth <= 1.3 else " ✗")
+                lines.append(f"| {op} | " + " | ".join(values) + f" | {_fmt(growth, 2)}x{flag} |")
+            lines.append("")
+    return lines
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = ["# Benchmark results", ""]
+    for key, meta in sorted(results["runs"].items()):
+        lines.append(
+            f"- `{key}`: {meta['when']}, `{meta['command']}`, {meta['machine']}, "
+            + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+        )
+    lines.append("")
+    if results["side_by_side"]:
+        lines += ["## Side by side", "", NOTES, "", "![side by side](side_by_side.png)", ""]
+        lines += [
+            f"✗ after ours/ADK: below the {TARGET_VS_ADK:.0f}x target. ✓/✗ after ours/floor "
+            "(Postgres get, save, append_event): within 2x of the raw driver or not.",
+            "",
+        ]
+        lines += side_by_side_tables(results["side_by_side"])
+    if results["scaling"]:
+        lines += [
+            "## Scaling",
+            "",
+            "durable-sessions alone, sequential, seeded with set-based SQL; get is a random "
+            "session of the table (with its state and events), recent20 the newest 20 of a "
+            "1,000-event session, list50 the 50 newest of one user's 1,000 sessions, append "
+            "an event with a three-scope delta. ✓: largest size within 1.3x of the smallest.",
+            "",
+            "![scaling](scaling.png)",
+            "",
+        ]
+        lines += scaling_tables(results["scaling"])
+    return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""Side by side: the three implementations, each in a fresh database on the same server,
+interleaved workload by workload so that the machine's noise falls on all of them alike."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .common import Database, Measurement, install_driver_counters, measure
+from .workloads import Implementation
+
+IMPL_ORDER = ("durable-sessions", "google-adk", "floor")
+MAX_DELETE_SUPPLY = 4_000
+"""Sessions created per worker, at most, before a delete run."""
+
+
+def make_implementations(backend: str) -> list[Implementation]:
+    from .impl_adk import Adk
+    from .impl_ours import Ours
+
+    floor: Implementation
+    if backend == "postgres":
+        from .floor_pg import FloorPostgres
+
+        floor = FloorPostgres()
+    else:
+        from .floor_sqlite import FloorSqlite
+
+        floor = FloorSqlite()
+    return [Ours(), Adk(), floor]
+
+
+async def run_side_by_side(
+    backend: str,
+    workloads: list[str],
+    concurrencies: list[int],
+    duration: float,
+    tmpdir: Path,
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Measure every (workload, concurrency, implementation) once; return the rows."""
+    install_driver_counters()
+    impls = make_implementations(backend)
+    dbs = [Database(backend, label, tmpdir) for label in ("ours", "adk", "floor")]
+    rows: list[dict[str, Any]] = []
+    create_rate: dict[tuple[str, int], float] = {}
+    opened: list[Implementation] = []
+    try:
+        for impl, db in zip(impls, dbs, strict=True):
+            await db.create()
+            await impl.open(db.url)
+            opened.append(impl)
+        turn = 0
+        for workload in workloads:
+            for concurrency in concurrencies:
+                order = impls[turn % 3 :] + impls[: turn % 3]
+                turn += 1
+                for impl in order:
+                    m = await _one(impl, backend, workload, concurrency, duration, create_rate)
+                    if workload == "create" and m.ops_per_sec:
+                        create_rate[(impl.name, concurrency)] = m.ops_per_sec
+                    rows.append(asdict(m))
+                    log(_line(m))
+    finally:
+        for impl in opened:
+            await impl.close()
+        for db in dbs:
+            await db.drop()
+    return rows
+
+
+async def _one(
+    impl: Implementation,
+    backend: str,
+    workload: str,
+    concurrency: int,
+    duration: float,
+    create_rate: dict[tuple[str, int], float],
+) -> Measurement:
+    m = Measurement(backend, impl.name, workload, concurrency)
+    supply: int | None = None
+    if workload == "delete":
+        rate = create_rate.get((impl.name, concurrency), 300.0)
+        supply = min(MAX_DELETE_SUPPLY, int(rate * duration * 1.5 / concurrency) + 10)
+    try:
+        ops = await impl.make_ops(workload, concurrency, supply or 0)
+        result = await measure(ops, duration=duration, counters=impl.counters, max_ops=supply)
+    except Exception as exc:  # one implementation failing must not end the run
+        m.errors = 1
+        m.first_error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:300]
+        return m
+    for key, value in result.items():
+        if hasattr(m, key):
+            setattr(m, key, value)
+        else:
+            m.extra[key] = value
+    return m
+
+
+def _line(m: Measurement) -> str:
+    stmts = "-" if m.statements_per_op is None else f"{m.statements_per_op:.1f}"
+    text = (
+        f"  {m.backend:8} {m.workload:13} c={m.concurrency:<3} {m.impl:17} "
+        f"{m.ops_per_sec:9.1f} ops/s  p50 {m.p50_ms:7.2f} ms  p99 {m.p99_ms:7.2f} ms  "
+        f"stmts {stmts:>4}  rt {m.round_trips_per_op:5.1f}  cpu {m.cpu_us_per_op:7.0f} us"
+    )
+    if m.errors:
+        text += f"  ERRORS {m.errors}: {m.first_error[:120]}"
+    return text

@@ -179,7 +179,9 @@ async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
 
 
 async def downgrade(engine: AsyncEngine, revision: str) -> None:
-    """Downgrade the database to ``revision``; ``"base"`` drops every table.
+    """Downgrade the database to ``revision``.
+
+    ``"base"`` drops every table of the library; the version table stays, empty.
 
     Args:
         engine: An async engine on the database.

@@ -1,0 +1,338 @@
+"""Alembic migrations: round trips, drift against the schema, concurrency and the CLI."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import os
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, make_url, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from durable_sessions import StoreUnavailableError
+from durable_sessions.migrate import (
+    current,
+    downgrade,
+    head,
+    is_current,
+    script_location,
+    upgrade,
+)
+from durable_sessions.sql.schema import VERSION_TABLE, metadata
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+TABLES = {"ds_sessions", "ds_user_state", "ds_app_state", "ds_events"}
+INDEXES = {
+    "ix_ds_sessions_org_user_updated",
+    "ix_ds_sessions_org_updated",
+    "ix_ds_user_state_org_user",
+}
+
+DIALECTS = [
+    pytest.param("sqlite", marks=pytest.mark.sqlite),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
+
+
+@pytest.fixture(params=DIALECTS)
+def dialect(request: pytest.FixtureRequest) -> str:
+    """Which database the migrations run on: a SQLite file or a fresh Postgres database."""
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(request: pytest.FixtureRequest, dialect: str) -> str:
+    """The URL of an empty database of ``dialect``."""
+    if dialect == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    make: Callable[[], str] = request.getfixturevalue("fresh_pg_url")
+    return make()
+
+
+@pytest.fixture
+async def db_engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    """An async engine on the empty database, disposed after the test."""
+    engine = create_async_engine(db_url)
+    yield engine
+    await engine.dispose()
+
+
+async def table_names(engine: AsyncEngine) -> set[str]:
+    """Return the names of every table in the database's default schema."""
+    async with engine.connect() as conn:
+        return set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
+
+
+async def index_names(engine: AsyncEngine) -> set[str]:
+    """Return the names of every index in the database, on tables that exist or not."""
+    if engine.dialect.name == "sqlite":
+        sql = "SELECT name FROM sqlite_master WHERE type = 'index'"
+    else:
+        sql = "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+    async with engine.connect() as conn:
+        return set((await conn.execute(text(sql))).scalars())
+
+
+async def version_rows(engine: AsyncEngine) -> list[str]:
+    """Return the rows of the version table."""
+    async with engine.connect() as conn:
+        result = await conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))
+        return list(result.scalars())
+
+
+def test_script_location_and_head() -> None:
+    location = Path(script_location())
+    assert (location / "env.py").is_file()
+    assert (location / "script.py.mako").is_file()
+    assert (location / "versions" / "0001_initial.py").is_file()
+    assert head() == "0001"
+
+
+def test_revisions_are_frozen_snapshots() -> None:
+    revisions = sorted((Path(script_location()) / "versions").glob("*.py"))
+    assert revisions
+    for revision in revisions:
+        tree = ast.parse(revision.read_text())
+        imported = {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        } | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not {m for m in imported if m.startswith("durable_sessions")}, revision.name
+        calls = {
+            node.func.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        }
+        assert "create_all" not in calls, f"{revision.name} calls create_all"
+        functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        assert {"upgrade", "downgrade"} <= functions, revision.name
+
+
+async def test_upgrade_downgrade_upgrade(db_engine: AsyncEngine) -> None:
+    assert await current(db_engine) is None
+    assert await is_current(db_engine) is False
+
+    await upgrade(db_engine)
+    assert await current(db_engine) == head()
+    assert await is_current(db_engine) is True
+    assert await table_names(db_engine) == {*TABLES, VERSION_TABLE}
+    assert await index_names(db_engine) >= INDEXES
+    assert await version_rows(db_engine) == [head()]
+
+    await upgrade(db_engine)  # at head already: a no-op
+    assert await version_rows(db_engine) == [head()]
+
+    await downgrade(db_engine, "base")
+    assert await current(db_engine) is None
+    assert await is_current(db_engine) is False
+    assert await table_names(db_engine) == {VERSION_TABLE}
+    assert not INDEXES & await index_names(db_engine)
+    assert await version_rows(db_engine) == []
+
+    await upgrade(db_engine, "0001")
+    assert await is_current(db_engine) is True
+    assert await table_names(db_engine) == {*TABLES, VERSION_TABLE}
+    assert await index_names(db_engine) >= INDEXES
+
+
+async def test_own_version_table(db_engine: AsyncEngine) -> None:
+    await upgrade(db_engine)
+    names = await table_names(db_engine)
+    assert VERSION_TABLE == "durable_sessions_alembic_version"
+    assert VERSION_TABLE in names
+    assert "alembic_version" not in names
+
+
+async def test_migrated_schema_matches_metadata(db_engine: AsyncEngine) -> None:
+    await upgrade(db_engine)
+
+    def diff(conn: Connection) -> list[Any]:
+        context = MigrationContext.configure(
+            conn, opts={"version_table": VERSION_TABLE, "compare_type": True}
+        )
+        return list(compare_metadata(context, metadata))
+
+    async with db_engine.connect() as conn:
+        assert await conn.run_sync(diff) == []
+
+
+async def test_constraint_names_and_cascade(db_engine: AsyncEngine) -> None:
+    await upgrade(db_engine)
+
+    def reflect(conn: Connection) -> dict[str, Any]:
+        inspector = inspect(conn)
+        return {
+            "pks": {t: inspector.get_pk_constraint(t) for t in TABLES},
+            "fks": inspector.get_foreign_keys("ds_events"),
+            "columns": {c["name"]: c for c in inspector.get_columns("ds_sessions")},
+        }
+
+    async with db_engine.connect() as conn:
+        found = await conn.run_sync(reflect)
+    for table, pk in found["pks"].items():
+        assert pk["name"] == f"pk_{table}"
+    assert found["pks"]["ds_events"]["constrained_columns"] == ["org_id", "session_id", "seq"]
+    [fk] = found["fks"]
+    assert fk["name"] == "fk_ds_events_org_id_session_id_ds_sessions"
+    assert fk["constrained_columns"] == ["org_id", "session_id"]
+    assert fk["referred_table"] == "ds_sessions"
+    assert fk["referred_columns"] == ["org_id", "id"]
+    assert fk["options"].get("ondelete") == "CASCADE"
+    columns = found["columns"]
+    assert columns["parent_id"]["nullable"] is True
+    assert columns["title"]["nullable"] is False
+    if db_engine.dialect.name == "postgresql":
+        assert type(columns["state"]["type"]).__name__ == "JSONB"
+        assert columns["created_at"]["type"].timezone is True
+
+
+async def test_concurrent_upgrades_from_two_engines(db_url: str) -> None:
+    engines = [create_async_engine(db_url), create_async_engine(db_url)]
+    try:
+        await asyncio.gather(*(upgrade(engine) for engine in engines))
+        for engine in engines:
+            assert await is_current(engine) is True
+        assert await version_rows(engines[0]) == [head()]
+        assert await table_names(engines[0]) == {*TABLES, VERSION_TABLE}
+    finally:
+        for engine in engines:
+            await engine.dispose()
+
+
+MIGRATE_SCRIPT = """
+import asyncio, sys, time
+from sqlalchemy.ext.asyncio import create_async_engine
+from durable_sessions.migrate import upgrade
+
+async def main(url, start_at):
+    engine = create_async_engine(url)
+    try:
+        time.sleep(max(0.0, start_at - time.time()))  # start together, imports done
+        await upgrade(engine)
+    finally:
+        await engine.dispose()
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+
+@pytest.mark.slow
+async def test_concurrent_upgrades_from_three_processes(db_url: str) -> None:
+    start_at = time.time() + 3.0
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            MIGRATE_SCRIPT,
+            db_url,
+            repr(start_at),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        for _ in range(3)
+    ]
+    outputs = [await proc.communicate() for proc in procs]
+    for proc, (_, stderr) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, stderr.decode()
+
+    engine = create_async_engine(db_url)
+    try:
+        assert await is_current(engine) is True
+        assert await version_rows(engine) == [head()]
+        assert await table_names(engine) == {*TABLES, VERSION_TABLE}
+    finally:
+        await engine.dispose()
+
+
+async def run_alembic(url: str, *args: str) -> None:
+    """Run the ``alembic`` command line from the repository root on ``url``."""
+    env = {**os.environ, "DURABLE_SESSIONS_URL": url}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "alembic",
+        *args,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await proc.communicate()
+    assert proc.returncode == 0, (stdout + stderr).decode()
+
+
+@pytest.mark.slow
+async def test_alembic_command_line(dialect: str, db_url: str) -> None:
+    if dialect == "postgres":
+        # A plain URL is mapped to asyncpg by env.py.
+        cli_url = make_url(db_url).set(drivername="postgresql")
+        url = cli_url.render_as_string(hide_password=False)
+    else:
+        url = db_url
+    engine = create_async_engine(db_url)
+    try:
+        await run_alembic(url, "upgrade", "head")
+        assert await is_current(engine) is True
+        assert await table_names(engine) == {*TABLES, VERSION_TABLE}
+
+        await run_alembic(url, "downgrade", "base")
+        assert await current(engine) is None
+        assert await table_names(engine) == {VERSION_TABLE}
+    finally:
+        await engine.dispose()
+
+
+def join_aiosqlite_workers(before: set[threading.Thread]) -> None:
+    """Wait for the worker threads of failed aiosqlite connections to finish.
+
+    When ``aiosqlite.connect`` fails it stops its worker thread without awaiting it; if the
+    test's event loop closes first, the thread raises "Event loop is closed"
+    (omnilib/aiosqlite#241), which pytest turns into an error.
+    """
+    for thread in set(threading.enumerate()) - before:
+        if "_connection_worker_thread" in thread.name:
+            thread.join(timeout=10)
+
+
+@pytest.mark.sqlite
+async def test_unreachable_sqlite_raises_store_unavailable(tmp_path: Path) -> None:
+    threads = set(threading.enumerate())
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'missing' / 'x.db'}")
+    try:
+        with pytest.raises(StoreUnavailableError) as info:
+            await upgrade(engine)
+        assert "missing" not in str(info.value)
+        with pytest.raises(StoreUnavailableError):
+            await current(engine)
+    finally:
+        await engine.dispose()
+        join_aiosqlite_workers(threads)
+
+
+@pytest.mark.postgres
+async def test_unreachable_postgres_raises_store_unavailable() -> None:
+    # Port 1 refuses connections; the password must not leak into the message.
+    engine = create_async_engine("postgresql+asyncpg://ds:s3cret-pw@127.0.0.1:1/nowhere")
+    try:
+        with pytest.raises(StoreUnavailableError) as info:
+            await upgrade(engine)
+        message = str(info.value)
+        assert "s3cret-pw" not in message
+        assert "127.0.0.1" not in message
+        with pytest.raises(StoreUnavailableError):
+            await is_current(engine)
+    finally:
+        await engine.dispose()

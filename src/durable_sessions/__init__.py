@@ -12,6 +12,7 @@ from .errors import (
     SessionExistsError,
     SessionNotFoundError,
     StaleSessionError,
+    StoreError,
     StoreUnavailableError,
 )
 from .manager import Manager
@@ -44,6 +45,7 @@ __all__ = [
     "SessionService",
     "StaleSessionError",
     "Store",
+    "StoreError",
     "StoreUnavailableError",
     "current_conversation_id",
     "current_org_id",

@@ -11,7 +11,8 @@ the same class on every store (in-memory, SQLite, Postgres)::
     │   └── InvalidStateError    a state key, state value or event payload is not storable
     ├── MissingScopeError        no session is bound in the current context
     ├── SchemaNotMigratedError   the database schema is missing or behind the code
-    └── StoreUnavailableError    the database could not be reached or dropped the connection
+    └── StoreError               the database failed an operation; nothing of it was written
+        └── StoreUnavailableError    the database could not be reached or dropped the connection
 
 Messages carry ids and keys, never a connection URL or password.
 """
@@ -27,6 +28,7 @@ __all__ = [
     "SessionExistsError",
     "SessionNotFoundError",
     "StaleSessionError",
+    "StoreError",
     "StoreUnavailableError",
 ]
 
@@ -87,5 +89,9 @@ class SchemaNotMigratedError(SessionError):
     """Raised when the database schema is missing or older than this version of the library."""
 
 
-class StoreUnavailableError(SessionError):
+class StoreError(SessionError):
+    """Raised when the database fails an operation; the operation wrote nothing."""
+
+
+class StoreUnavailableError(StoreError):
     """Raised when the database cannot be reached or the connection broke mid-operation."""

@@ -23,6 +23,7 @@ __all__ = [
     "json_equal",
     "scope_of",
     "split_delta",
+    "to_json",
     "validate_id",
     "validate_key",
     "validate_value",
@@ -154,6 +155,43 @@ def _json_problem(value: object, depth: int) -> str | None:
         return None
     kind = type(value).__name__
     return f"{kind} is not a JSON value (use dict, list, str, int, float, bool or None)"
+
+
+def to_json(value: Any) -> str:
+    """Encode a JSON value as text that every backend reads back with the same types.
+
+    Postgres' jsonb keeps numbers as decimals and prints ``1e16`` as ``10000000000000000``,
+    which would come back as an int; floats with an integral value are therefore written
+    with a decimal point (``10000000000000000.0``), which jsonb keeps as written.
+    """
+    if _has_integral_float(value):
+        return _encode(value)
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _is_exponent_integral(value: float) -> bool:
+    return value.is_integer() and "e" in repr(value)
+
+
+def _has_integral_float(value: Any) -> bool:
+    if isinstance(value, float):
+        return _is_exponent_integral(value)
+    if isinstance(value, dict):
+        return any(_has_integral_float(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_integral_float(v) for v in value)
+    return False
+
+
+def _encode(value: Any) -> str:
+    if isinstance(value, float) and _is_exponent_integral(value):
+        return f"{int(value)}.0"
+    if isinstance(value, dict):
+        items = (json.dumps(k, ensure_ascii=False) + ":" + _encode(v) for k, v in value.items())
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_encode(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
 def _digits(value: int) -> str:

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Table, bindparam, event
+from sqlalchemy import JSON, String, Table, any_, bindparam, event, func, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import ColumnElement
@@ -24,16 +24,27 @@ SUPPORTED = {("sqlite", "aiosqlite"), ("postgresql", "asyncpg")}
 
 @dataclass(frozen=True)
 class DialectOps:
-    """What differs between the backends: how to upsert and how to merge private state."""
+    """What differs between the backends, as Core constructs."""
 
     name: str
     insert: Callable[[Table], Insert]
     begin_write: str | None
     merge_private: Callable[[], ColumnElement[Any]] | None
 
+    @property
+    def is_postgres(self) -> bool:
+        """Whether this is Postgres (data-modifying CTEs, jsonb operators, arrays)."""
+        return self.name == "postgresql"
+
     def upsert(self, table: Table, key_columns: list[str], update_columns: list[str]) -> Insert:
         """Return ``INSERT ... ON CONFLICT (keys) DO UPDATE SET cols = excluded.cols``."""
-        stmt = self.insert(table)
+        return self.on_conflict_update(self.insert(table), key_columns, update_columns)
+
+    @staticmethod
+    def on_conflict_update(
+        stmt: Insert, key_columns: list[str], update_columns: list[str]
+    ) -> Insert:
+        """Add ``ON CONFLICT (keys) DO UPDATE SET cols = excluded.cols`` to an insert."""
         return stmt.on_conflict_do_update(  # type: ignore[attr-defined,no-any-return]
             index_elements=key_columns,
             set_={col: stmt.excluded[col] for col in update_columns},  # type: ignore[attr-defined]
@@ -43,11 +54,26 @@ class DialectOps:
         """Return ``INSERT ... ON CONFLICT DO NOTHING``."""
         return self.insert(table).on_conflict_do_nothing()  # type: ignore[attr-defined,no-any-return]
 
+    def in_list(self, column: ColumnElement[Any], name: str) -> ColumnElement[bool]:
+        """``column`` is one of the strings bound as a list to ``name`` (one statement
+        whatever the list's length: an array on Postgres, a JSON array on SQLite)."""
+        if self.is_postgres:
+            return column == any_(bindparam(name, type_=ARRAY(String)))
+        values = func.json_each(bindparam(name, type_=JSON)).table_valued("value")
+        return column.in_(select(values.c.value))
+
+    def object_agg(self, key: ColumnElement[Any], value: ColumnElement[Any]) -> ColumnElement[Any]:
+        """Aggregate (key, JSON value) rows into one JSON object (NULL when there are none)."""
+        if self.is_postgres:
+            return func.jsonb_object_agg(key, value, type_=JSONValue)
+        # Values are stored as JSON text: json() keeps them JSON instead of quoting them.
+        return func.json_group_object(key, func.json(value), type_=JSONValue)
+
 
 def _pg_merge_private() -> ColumnElement[Any]:
     # jsonb || jsonb replaces top-level keys and keeps JSON null as a value, in one statement.
     return sessions.c.state.op("||", return_type=JSONValue)(
-        bindparam("v_private_delta", type_=JSONB)
+        bindparam("v_private_delta", type_=JSONValue)
     )
 
 

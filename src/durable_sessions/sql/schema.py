@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import (
-    JSON,
     BigInteger,
     Column,
     DateTime,
@@ -21,6 +21,8 @@ from sqlalchemy import (
     TypeDecorator,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+
+from ..state import to_json
 
 __all__ = [
     "VERSION_TABLE",
@@ -47,8 +49,40 @@ NAMING_CONVENTION = {
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 """The schema of every table durable-sessions owns; Alembic's revisions mirror it."""
 
-JSONValue = JSON().with_variant(JSONB(), "postgresql")
-"""JSON on SQLite, JSONB on Postgres."""
+
+class _JSONText(TypeDecorator[Any]):
+    """JSON kept as TEXT on SQLite.
+
+    A column declared ``JSON`` has NUMERIC affinity in SQLite, which turns the text
+    ``1.0`` into the integer 1 and long integers into lossy floats; TEXT keeps it as written.
+    """
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return to_json(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else json.loads(value)
+
+
+class _JSONB(TypeDecorator[Any]):
+    """JSONB on Postgres, written through ``to_json`` so numbers keep their type."""
+
+    impl = JSONB
+    cache_ok = True
+
+    def bind_processor(self, dialect: Dialect) -> Any:
+        # asyncpg's jsonb codec (installed by SQLAlchemy) takes the JSON text.
+        return to_json
+
+    def result_processor(self, dialect: Dialect, coltype: Any) -> Any:
+        return self.impl_instance.result_processor(dialect, coltype)
+
+
+JSONValue = _JSONText().with_variant(_JSONB(), "postgresql")
+"""JSON as TEXT on SQLite, JSONB on Postgres; numbers come back with the type they had."""
 
 
 class UTCDateTime(TypeDecorator[datetime]):

@@ -1,0 +1,248 @@
+"""Run a store operation's statements on the pool's driver connection, in one hop.
+
+An operation is written once, as a generator that yields queries and receives their results
+(``Program``). A runner drives it: on SQLite the whole program runs in aiosqlite's worker
+thread in one hop (one ``BEGIN IMMEDIATE`` ... ``COMMIT`` for writes); on Postgres each
+query is one asyncpg round trip, and a multi-statement write runs in one transaction. This
+is also the one place where driver errors become the library's errors.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from ..errors import SchemaNotMigratedError, SessionError, StoreError, StoreUnavailableError
+from .compiled import Compiled
+
+__all__ = ["Mode", "Program", "Query", "Result", "Runner", "make_runner"]
+
+T = TypeVar("T")
+Mode = Literal["read", "write", "atomic"]
+"""``read``: no transaction. ``write``: one transaction. ``atomic``: a single statement,
+atomic by itself (Postgres runs it without BEGIN/COMMIT; SQLite still locks up front)."""
+
+
+@dataclass(frozen=True)
+class Query:
+    """One statement to run, with its parameters (a list of them with ``many``)."""
+
+    stmt: Compiled
+    params: Any = field(default_factory=dict)
+    many: bool = False
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a query returned: decoded rows, and the affected row count for DML."""
+
+    rows: list[Any]
+    rowcount: int
+
+    def first(self) -> Any:
+        """Return the first row, or None."""
+        return self.rows[0] if self.rows else None
+
+
+Program = Generator[Query, Result, T]
+
+_MISSING_SCHEMA = ("no such table", "no such column", "does not exist")
+_HINT = "run `durable-sessions migrate`, `alembic upgrade head` or `await store.migrate()`"
+
+
+@contextmanager
+def translated(operation: str) -> Iterator[None]:
+    """Turn driver and SQLAlchemy errors into the library's error tree."""
+    try:
+        yield
+    except SessionError:
+        raise
+    except (sa_exc.DBAPIError, sqlite3.Error) as exc:
+        raise _translate(operation, exc) from exc
+    except (OSError, TimeoutError, sa_exc.DisconnectionError, sa_exc.TimeoutError) as exc:
+        raise StoreUnavailableError(
+            f"{operation}: the database could not be reached ({type(exc).__name__})"
+        ) from exc
+    except Exception as exc:
+        if type(exc).__module__.startswith("asyncpg"):
+            raise _translate(operation, exc) from exc
+        raise
+
+
+def _translate(operation: str, exc: BaseException) -> SessionError:
+    orig = getattr(exc, "orig", None) or exc
+    name = type(orig).__name__
+    text = str(orig).lower()
+    if name in ("UndefinedTableError", "UndefinedColumnError") or (
+        name in ("OperationalError", "ProgrammingError")
+        and any(marker in text for marker in _MISSING_SCHEMA)
+    ):
+        return SchemaNotMigratedError(
+            f"{operation}: the database schema is missing or out of date; {_HINT}"
+        )
+    if _is_disconnect(orig) or getattr(exc, "connection_invalidated", False):
+        return StoreUnavailableError(
+            f"{operation}: the connection to the database failed ({name}); nothing was written"
+        )
+    if "database is locked" in text or "database is busy" in text:
+        return StoreUnavailableError(
+            f"{operation}: the database stayed locked past the busy timeout ({name})"
+        )
+    return StoreError(f"{operation}: the database failed ({name}); nothing was written")
+
+
+def _is_disconnect(exc: BaseException) -> bool:
+    if isinstance(exc, (OSError, ConnectionError, TimeoutError)):
+        return True
+    module = type(exc).__module__
+    if module.startswith("asyncpg"):
+        import asyncpg  # type: ignore[import-untyped]
+
+        return isinstance(
+            exc,
+            (
+                asyncpg.PostgresConnectionError,
+                asyncpg.InterfaceError,
+                asyncpg.exceptions.AdminShutdownError,
+                asyncpg.exceptions.CannotConnectNowError,
+            ),
+        )
+    return False
+
+
+class Runner:
+    """Drives programs on one engine; subclasses know the driver."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def run(self, program: Program[T], mode: Mode, operation: str) -> T:
+        """Run ``program`` and return its value; raise the library's errors on failure."""
+        raise NotImplementedError
+
+    def _emit(self, conn: AsyncConnection, log: list[tuple[str, Any, bool]]) -> None:
+        # Tools that watch SQLAlchemy's cursor events (tracing, statement counting) still
+        # see every statement, although it bypassed SQLAlchemy's execution layer.
+        dispatch = self.engine.sync_engine.dispatch
+        sync_conn = conn.sync_connection
+        for sql, params, many in log:
+            dispatch.before_cursor_execute(sync_conn, None, sql, params, None, many)
+            dispatch.after_cursor_execute(sync_conn, None, sql, params, None, many)
+
+    def _watched(self) -> bool:
+        return bool(self.engine.sync_engine._has_events)
+
+
+class SQLiteRunner(Runner):
+    """Runs a whole program in aiosqlite's worker thread: one thread hop per operation."""
+
+    async def run(self, program: Program[T], mode: Mode, operation: str) -> T:
+        log: list[tuple[str, Any, bool]] | None = [] if self._watched() else None
+        with translated(operation):
+            async with self.engine.connect() as conn:
+                raw = await conn.get_raw_connection()
+                driver: Any = raw.driver_connection
+                try:
+                    result: T = await driver._execute(
+                        _drive_sqlite, driver._conn, program, mode != "read", log
+                    )
+                    return result
+                finally:
+                    if log:
+                        self._emit(conn, log)
+
+
+def _drive_sqlite(
+    db: sqlite3.Connection, program: Program[T], write: bool, log: list[Any] | None
+) -> T:
+    if write:
+        db.execute("BEGIN IMMEDIATE")
+    try:
+        query = program.send(None)  # type: ignore[arg-type]
+        while True:
+            stmt = query.stmt
+            if query.many:
+                params: Any = [stmt.bind(p) for p in query.params]
+                cursor = db.executemany(stmt.sql, params)
+                result = Result([], cursor.rowcount)
+            else:
+                params = stmt.bind(query.params)
+                cursor = db.execute(stmt.sql, params)
+                rows = cursor.fetchall() if stmt.returns_rows else []
+                result = Result(stmt.decode(rows), cursor.rowcount)
+            if log is not None:
+                log.append((stmt.sql, params, query.many))
+            query = program.send(result)
+    except StopIteration as stop:
+        if write:
+            db.commit()
+        return stop.value  # type: ignore[no-any-return]
+    except BaseException:
+        if write and db.in_transaction:
+            db.rollback()
+        raise
+
+
+class PostgresRunner(Runner):
+    """Runs each query as one asyncpg round trip; multi-statement writes in a transaction."""
+
+    async def run(self, program: Program[T], mode: Mode, operation: str) -> T:
+        with translated(operation):
+            async with self.engine.connect() as conn:
+                raw = await conn.get_raw_connection()
+                driver: Any = raw.driver_connection
+                log: list[tuple[str, Any, bool]] | None = [] if self._watched() else None
+                try:
+                    if mode == "write":
+                        async with driver.transaction():
+                            return await self._drive(driver, program, log)
+                    return await self._drive(driver, program, log)
+                except BaseException as exc:
+                    if _is_disconnect(exc):
+                        # Drop the broken connection so the next operation gets a new one.
+                        await conn.invalidate()
+                    raise
+                finally:
+                    if log:
+                        self._emit(conn, log)
+
+    @staticmethod
+    async def _drive(driver: Any, program: Program[T], log: list[Any] | None) -> T:
+        try:
+            query = program.send(None)  # type: ignore[arg-type]
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        while True:
+            stmt = query.stmt
+            if query.many:
+                params: Any = [stmt.bind(p) for p in query.params]
+                await driver.executemany(stmt.sql, params)
+                result = Result([], len(params))
+            elif stmt.returns_rows:
+                params = stmt.bind(query.params)
+                rows = await driver.fetch(stmt.sql, *params)
+                result = Result(stmt.decode(rows), len(rows))
+            else:
+                params = stmt.bind(query.params)
+                status = await driver.execute(stmt.sql, *params)
+                tail = status.rsplit(" ", 1)[-1]
+                result = Result([], int(tail) if tail.isdigit() else -1)
+            if log is not None:
+                log.append((stmt.sql, params, query.many))
+            try:
+                query = program.send(result)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+
+
+def make_runner(engine: AsyncEngine) -> Runner:
+    """Return the runner for the engine's driver (aiosqlite or asyncpg)."""
+    if engine.dialect.name == "sqlite":
+        return SQLiteRunner(engine)
+    return PostgresRunner(engine)

@@ -1,0 +1,278 @@
+"""Every statement the SQL store runs, defined once in Core and compiled once per dialect."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from sqlalchemy import (
+    Text,
+    and_,
+    bindparam,
+    case,
+    column,
+    delete,
+    func,
+    insert,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql import Executable
+from sqlalchemy.sql.selectable import CTE
+
+from .compiled import Compiled, compile_statement
+from .dialect import DialectOps
+from .schema import JSONValue, UTCDateTime, app_state, events, sessions, user_state
+
+__all__ = ["META", "Statements"]
+
+S = sessions
+META = [
+    S.c.org_id,
+    S.c.id,
+    S.c.user_id,
+    S.c.app_name,
+    S.c.title,
+    S.c.parent_id,
+    S.c.created_at,
+    S.c.updated_at,
+    S.c.message_count,
+    S.c.token_total,
+    S.c.version,
+]
+EVENT_COLUMNS = [
+    events.c.seq,
+    events.c.id,
+    events.c.author,
+    events.c.invocation_id,
+    events.c.content,
+    events.c.state_delta,
+    events.c.tokens,
+    events.c.timestamp,
+]
+SESSION_KEY = and_(S.c.org_id == bindparam("k_org"), S.c.id == bindparam("k_id"))
+EVENTS_KEY = and_(events.c.org_id == bindparam("k_org"), events.c.session_id == bindparam("k_id"))
+USER_KEY = ["org_id", "app_name", "user_id", "key"]
+APP_KEY = ["org_id", "app_name", "key"]
+NOW = bindparam("v_now", type_=UTCDateTime)
+
+
+class Statements:
+    """The compiled statements of one dialect; dynamic shapes are compiled on first use."""
+
+    def __init__(self, ops: DialectOps, dialect: Dialect) -> None:
+        self.ops = ops
+        self.dialect = dialect
+        self._shapes: dict[Hashable, Compiled] = {}
+        c = self.compile
+
+        user_agg = self._user_agg(S.c.org_id, S.c.app_name, S.c.user_id)
+        app_agg = self._app_agg(S.c.org_id, S.c.app_name)
+        self.get = c(select(*META, S.c.state, user_agg, app_agg).where(SESSION_KEY))
+        self.shared = c(
+            select(
+                self._user_agg(bindparam("k_org"), bindparam("k_app"), bindparam("k_user")),
+                self._app_agg(bindparam("k_org"), bindparam("k_app")),
+            )
+        )
+        self.exists = c(select(S.c.version).where(SESSION_KEY))
+        self.meta = c(select(*META).where(SESSION_KEY))
+        self.insert_session = c(ops.insert_if_absent(S).returning(S.c.id))
+        self.upsert_user = c(ops.upsert(user_state, USER_KEY, ["value", "updated_at"]))
+        self.upsert_app = c(ops.upsert(app_state, APP_KEY, ["value", "updated_at"]))
+        self.delete_user_keys = c(
+            delete(user_state).where(
+                user_state.c.org_id == bindparam("k_org"),
+                user_state.c.app_name == bindparam("k_app"),
+                user_state.c.user_id == bindparam("k_user"),
+                ops.in_list(user_state.c.key, "k_keys"),
+            )
+        )
+        self.delete_app_keys = c(
+            delete(app_state).where(
+                app_state.c.org_id == bindparam("k_org"),
+                app_state.c.app_name == bindparam("k_app"),
+                ops.in_list(app_state.c.key, "k_keys"),
+            )
+        )
+        self.update = c(self._update().returning(S.c.version, S.c.app_name, S.c.user_id))
+        self.touch = c(
+            update(S)
+            .where(SESSION_KEY)
+            .values(
+                message_count=S.c.message_count + bindparam("v_messages"),
+                token_total=S.c.token_total + bindparam("v_tokens"),
+                title=case((S.c.title == "", bindparam("v_title")), else_=S.c.title),
+                updated_at=NOW,
+                version=S.c.version + 1,
+            )
+            .returning(*META)
+        )
+        self.append = c(self._append(merge=False).returning(*self._append_returning()))
+        self.private_state = c(select(S.c.state).where(SESSION_KEY))
+        self.append_private = c(self._append(merge=True).returning(*self._append_returning()))
+        self.insert_event = c(insert(events))
+        self.delete_events = c(delete(events).where(EVENTS_KEY))
+        self.delete_session = c(delete(S).where(SESSION_KEY))
+        parent = select(*META, S.c.state, S.c.event_seq).where(SESSION_KEY)
+        if ops.is_postgres:
+            parent = parent.with_for_update()  # holds off appends while the transcript is copied
+        self.parent = c(parent)
+        copied = select(events.c.org_id, bindparam("k_child"), *EVENT_COLUMNS).where(EVENTS_KEY)
+        self.copy_events = c(
+            insert(events).from_select(
+                ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], copied
+            )
+        )
+        if ops.is_postgres:
+            self._build_postgres_single_statements()
+
+    def compile(self, statement: Executable) -> Compiled:
+        """Compile a Core statement for this dialect."""
+        return compile_statement(statement, self.dialect)
+
+    def shape(self, key: Hashable, build: Callable[[], Executable]) -> Compiled:
+        """Return the compiled statement of a dynamic shape, compiling it on first use."""
+        found = self._shapes.get(key)
+        if found is None:
+            found = self._shapes[key] = self.compile(build())
+        return found
+
+    # -- building blocks ---------------------------------------------------------------------
+
+    def _user_agg(self, org: Any, app: Any, user: Any) -> Any:
+        return (
+            select(self.ops.object_agg(user_state.c.key, user_state.c.value))
+            .where(user_state.c.org_id == org, user_state.c.app_name == app)
+            .where(user_state.c.user_id == user)
+            .scalar_subquery()
+            .label("user_state")
+        )
+
+    def _app_agg(self, org: Any, app: Any) -> Any:
+        return (
+            select(self.ops.object_agg(app_state.c.key, app_state.c.value))
+            .where(app_state.c.org_id == org, app_state.c.app_name == app)
+            .scalar_subquery()
+            .label("app_state")
+        )
+
+    @staticmethod
+    def _update() -> Any:
+        return (
+            update(S)
+            .where(SESSION_KEY, S.c.version == bindparam("v_expected"))
+            .values(
+                title=bindparam("v_title"),
+                state=bindparam("v_state", type_=JSONValue),
+                updated_at=NOW,
+                version=S.c.version + 1,
+            )
+        )
+
+    def _append(self, *, merge: bool) -> Any:
+        values: dict[str, Any] = {
+            "event_seq": S.c.event_seq + 1,
+            "message_count": S.c.message_count + 1,
+            "token_total": S.c.token_total + bindparam("v_tokens"),
+            "updated_at": NOW,
+            "version": S.c.version + 1,
+        }
+        if merge:
+            merge_private = self.ops.merge_private
+            values["state"] = (
+                merge_private()
+                if merge_private is not None
+                else bindparam("v_private_state", type_=JSONValue)
+            )
+        return update(S).where(SESSION_KEY).values(values)
+
+    @staticmethod
+    def _append_returning() -> list[Any]:
+        return [S.c.event_seq, S.c.app_name, S.c.user_id]
+
+    # -- Postgres: whole operations as one statement ------------------------------------------
+
+    def _shared_writes(self, driver: CTE) -> list[CTE]:
+        """Upserts and deletes of shared keys, done only when ``driver`` returned its row.
+
+        ``driver`` is the CTE of the operation's own write (insert or update of the session
+        row) returning ``app_name`` and ``user_id``: if it wrote nothing (a stale version,
+        an existing id, an unknown session), neither do these.
+        """
+        ops = self.ops
+        ctes: list[CTE] = []
+        for table, name, keys, scope in (
+            (user_state, "user", USER_KEY, [driver.c.app_name, driver.c.user_id]),
+            (app_state, "app", APP_KEY, [driver.c.app_name]),
+        ):
+            pairs = func.jsonb_each(bindparam(f"v_{name}_set", type_=JSONValue)).table_valued(
+                column("key", Text), column("value", JSONB)
+            )
+            rows = select(bindparam("k_org"), *scope, pairs.c.key, pairs.c.value, NOW)
+            rows = rows.select_from(driver).join(pairs, true())
+            upsert = ops.on_conflict_update(
+                ops.insert(table).from_select([*keys, "value", "updated_at"], rows),
+                keys,
+                ["value", "updated_at"],
+            )
+            ctes.append(upsert.cte(f"{name}_set"))
+            where = [table.c.org_id == bindparam("k_org")]
+            where.append(table.c.app_name == select(driver.c.app_name).scalar_subquery())
+            if name == "user":
+                where.append(table.c.user_id == select(driver.c.user_id).scalar_subquery())
+            where.append(ops.in_list(table.c.key, f"v_{name}_deleted"))
+            ctes.append(delete(table).where(*where).cte(f"{name}_deleted"))
+        return ctes
+
+    def _build_postgres_single_statements(self) -> None:
+        c = self.compile
+        # save: the version-checked update of the session row and every shared change.
+        saved = self._update().returning(S.c.version, S.c.app_name, S.c.user_id).cte("saved")
+        self.pg_update = c(select(saved.c.version).add_cte(*self._shared_writes(saved)))
+
+        # append_event: seq, counters and private merge, the event row, the shared delta.
+        moved = self._append(merge=True).returning(*self._append_returning()).cte("moved")
+        event_row = select(
+            bindparam("k_org"),
+            bindparam("k_id"),
+            moved.c.event_seq,
+            bindparam("e_id"),
+            bindparam("e_author"),
+            bindparam("e_invocation_id"),
+            bindparam("e_content", type_=JSONValue),
+            bindparam("e_state_delta", type_=JSONValue),
+            bindparam("v_tokens"),
+            bindparam("e_timestamp", type_=UTCDateTime),
+        ).select_from(moved)
+        added = insert(events).from_select(
+            ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], event_row
+        )
+        self.pg_append = c(
+            select(moved.c.event_seq).add_cte(added.cte("added"), *self._shared_writes(moved))
+        )
+
+        # create: the session row (unless the id is taken), its shared state, and the shared
+        # state that already existed (the statement's snapshot predates its own writes).
+        row = {col.name: bindparam(col.name, type_=col.type) for col in S.c}
+        created = (
+            self.ops.insert(S)
+            .values(row)
+            .on_conflict_do_nothing()  # type: ignore[attr-defined]
+            .returning(S.c.app_name, S.c.user_id)
+            .cte("created")
+        )
+        count = select(func.count()).select_from(created).scalar_subquery().label("created")
+        self.pg_create = c(
+            select(
+                count,
+                self._user_agg(bindparam("org_id"), bindparam("app_name"), bindparam("user_id")),
+                self._app_agg(bindparam("org_id"), bindparam("app_name")),
+            ).add_cte(*self._shared_writes(created))
+        )
+        # delete: the transcript and the session row together.
+        gone = delete(events).where(EVENTS_KEY).cte("gone")
+        self.pg_delete = c(delete(S).where(SESSION_KEY).returning(S.c.id).add_cte(gone))

@@ -64,6 +64,14 @@ def side_by_side_chart(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+OP_COLORS = {
+    "get": "#1f77b4",
+    "recent20": "#ff7f0e",
+    "list50": "#2ca02c",
+    "append": "#d62728",
+}
+
+
 def scaling_chart(rows: list[dict[str, Any]], path: Path) -> None:
     """p50 latency against table size and transcript length, per backend."""
     backends = sorted({r["backend"] for r in rows}, reverse=True)
@@ -75,22 +83,32 @@ def scaling_chart(rows: list[dict[str, Any]], path: Path) -> None:
             ax = axes[bi][ai]
             sel = [r for r in rows if r["backend"] == backend and r["axis"] == axis]
             for op in dict.fromkeys(r["operation"] for r in sel):
-                points = sorted(
-                    (r["size"], r["p50_ms"], r["p99_ms"]) for r in sel if r["operation"] == op
+                points = sorted((r["size"], r["p50_ms"]) for r in sel if r["operation"] == op)
+                ax.plot(
+                    [p[0] for p in points],
+                    [p[1] for p in points],
+                    marker="o",
+                    label=f"{op}",
+                    color=OP_COLORS.get(op, "#333333"),
                 )
-                if not points:
-                    continue
-                xs = [p[0] for p in points]
-                line = ax.plot(xs, [p[1] for p in points], marker="o", label=f"{op} p50")[0]
-                ax.plot(xs, [p[2] for p in points], ls=":", color=line.get_color(), alpha=0.6)
+                ax.annotate(
+                    f"{points[-1][1]:.2f}",
+                    points[-1],
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                    fontsize=7,
+                )
             ax.set_xscale("log")
             ax.set_ylim(bottom=0)
             ax.set_xlabel(xlabel)
-            ax.set_ylabel("latency, ms (dotted: p99)")
+            ax.set_ylabel("p50 latency, ms")
             ax.set_title(f"{backend}: latency as the {xlabel} grow", fontsize=10)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-    fig.suptitle("durable-sessions: flat latency as data grows (sequential)", fontsize=11)
+    fig.suptitle(
+        "durable-sessions: p50 latency as the data grows (sequential; p99 in results.md)",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -180,12 +180,17 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [
             "## Scaling",
             "",
-            "durable-sessions alone, sequential, seeded with set-based SQL. Each point is 3 "
-            "short rounds with the operations interleaved: p50 is the best round's, p99 the "
-            "median round's (the machine is shared and noisy). get is a random "
-            "session of the table (with its state and events), recent20 the newest 20 of a "
-            "1,000-event session, list50 the 50 newest of one user's 1,000 sessions, append "
-            "an event with a three-scope delta. ✓: largest size within 1.3x of the smallest.",
+            "durable-sessions alone, sequential, through the public API, over tables seeded "
+            "with set-based SQL: one database per table size (each also holds the listed "
+            "user's 1,000 sessions and a 1,000-event session), one session per transcript "
+            "length. All points are measured in 3 short rounds, sizes and operations "
+            "interleaved: p50 is the best round's, p99 the median round's (the machine is "
+            "shared and noisy). get is `SessionService.get` of a random session of the table "
+            "(state and its one event); recent20 `SessionService.get(num_recent_events=20)`; "
+            "list50 the 50 newest of one user's 1,000 sessions; on the transcript axis get is "
+            "`Manager.get` and append `Manager.append_event` with a two-scope delta (which "
+            "lengthens the transcript a little as it runs). ✓: the largest size within 1.3x "
+            "of the smallest.",
             "",
             "![scaling](scaling.png)",
             "",

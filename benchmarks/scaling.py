@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import Event, Filter, Manager, SessionService, SQLStore
 
-from .common import APP, LIST_USER, ORG, Counters, Database, count_statements, measure
+from .common import APP, LIST_USER, ORG, Counters, Database, Op, count_statements, measure
 from .workloads import CONTENT
 
 USERS = 1_000
@@ -81,7 +81,6 @@ class Seeder:
         self.engine = engine
         self.backend = backend
         self.sessions = 0
-        self.events_in_long = 0
 
     async def _exec(self, *statements: str) -> None:
         async with self.engine.begin() as conn:
@@ -99,16 +98,28 @@ class Seeder:
         return fn(session, first, last, total, one_each)
 
     async def fixtures(self) -> None:
-        """The listed user's 1,000 sessions, the 1,000-event session and the long one."""
+        """The listed user's 1,000 sessions and a session of 1,000 events."""
         var = "g" if self.backend == "postgres" else "x"
         self.users = f"'u' || ({var} % {USERS})"
         await self._exec(
             self._s(1, 1_000, "list-", f"'{LIST_USER}'"),
-            self._s(1, 1, READER + "-", "'reader'"),
-            self._s(1, 1, LONG + "-", "'reader'"),
-            self._e(f"'{READER}-000000001'", 1, 1_000, 1_000),
-            f"UPDATE ds_sessions SET event_seq = 1000 WHERE id = '{READER}-000000001'",
+            *self._transcript(READER, 1_000),
         )
+
+    def _transcript(self, prefix: str, size: int) -> list[str]:
+        session = f"{prefix}-000000001"
+        return [
+            self._s(1, 1, prefix + "-", "'reader'"),
+            self._e(f"'{session}'", 1, size, size),
+            f"UPDATE ds_sessions SET event_seq = {size}, message_count = {size} "
+            f"WHERE id = '{session}'",
+        ]
+
+    async def transcript(self, size: int) -> str:
+        """Add a session of ``size`` events; return its id."""
+        prefix = f"{LONG}{size}"
+        await self._exec(*self._transcript(prefix, size))
+        return f"{prefix}-000000001"
 
     async def grow_sessions(self, size: int) -> None:
         """Seed sessions (one event each) until the table holds ``size`` of them."""
@@ -120,18 +131,72 @@ class Seeder:
         await self._exec(self._s(first, last, "seed-", self.users), events)
         self.sessions = size
 
-    async def grow_transcript(self, size: int) -> None:
-        """Seed events into the long session until it holds ``size`` of them."""
-        if size <= self.events_in_long:
-            return
-        long_id = f"{LONG}-000000001"
-        first = self.events_in_long + 1
-        await self._exec(
-            self._e(f"'{long_id}'", first, size, size),
-            f"UPDATE ds_sessions SET event_seq = {size}, message_count = {size} "
-            f"WHERE id = '{long_id}'",
+
+class Target:
+    """One database of a given size, with the library's objects over it."""
+
+    def __init__(self, db: Database, engine: AsyncEngine, counters: Counters) -> None:
+        self.db = db
+        self.engine = engine
+        self.counters = counters
+        self.store = SQLStore(engine)
+        self.manager = Manager(self.store, app_name=APP)
+        self.service = SessionService(self.store, org_id=ORG)
+
+
+async def _open(backend: str, tmpdir: Path, label: str, opened: list[Target]) -> Target:
+    db = Database(backend, label, tmpdir)
+    await db.create()
+    engine = create_async_engine(db.url)
+    counters = Counters()
+    target = Target(db, engine, counters)
+    opened.append(target)
+    await target.store.migrate()
+    count_statements(engine, counters)
+    return target
+
+
+def _session_ops(target: Target, size: int, rng: random.Random) -> dict[str, Op]:
+    service, manager = target.service, target.manager
+    reader = f"{READER}-000000001"
+
+    async def get() -> None:
+        number = rng.randint(1, size)
+        await service.get(
+            app_name=APP, user_id=f"u{number % USERS}", session_id=f"seed-{number:09d}"
         )
-        self.events_in_long = size
+
+    async def recent20() -> None:
+        s = await service.get(
+            app_name=APP, user_id="reader", session_id=reader, num_recent_events=20
+        )
+        assert len(s.events) == 20
+
+    async def list50() -> None:
+        found = await manager.list(Filter(ORG, user_id=LIST_USER, app_name=APP, limit=50))
+        assert len(found) == 50
+
+    return {"get": get, "recent20": recent20, "list50": list50}
+
+
+async def _transcript_ops(target: Target, session_id: str) -> dict[str, Op]:
+    service, manager = target.service, target.manager
+    session = await manager.get(ORG, session_id)
+
+    async def recent20() -> None:
+        s = await service.get(
+            app_name=APP, user_id="reader", session_id=session_id, num_recent_events=20
+        )
+        assert len(s.events) == 20
+
+    async def get() -> None:
+        await manager.get(ORG, session_id)
+
+    async def append() -> None:
+        event = Event(author="user", content=CONTENT, state_delta={"k": 1, "user:k": 1})
+        await manager.append_event(session, event)
+
+    return {"recent20": recent20, "get": get, "append": append}
 
 
 async def run_scaling(
@@ -142,100 +207,70 @@ async def run_scaling(
     tmpdir: Path,
     log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    """Measure get, recent20 and list50 per table size, and recent20, get and append per
-    transcript length; return the rows."""
-    db = Database(backend, "scaling", tmpdir)
-    await db.create()
-    engine = create_async_engine(db.url)
+    """Measure get, recent20 and list50 per table size (one database per size), and
+    recent20, get and append per transcript length (one session per length); the sizes
+    are measured in interleaved rounds. Return the rows."""
+    opened: list[Target] = []
     rows: list[dict[str, Any]] = []
+    rng = random.Random(7)
     try:
-        store = SQLStore(engine)
-        await store.migrate()
-        counters = Counters()
-        count_statements(engine, counters)
-        manager = Manager(store, app_name=APP)
-        service = SessionService(store, org_id=ORG)
-        seeder = Seeder(engine, backend)
-        await seeder.fixtures()
-        rng = random.Random(7)
-        reader = f"{READER}-000000001"
-
-        async def run(axis: str, size: int, ops: dict[str, Callable[[], Any]]) -> None:
-            # ROUNDS short rounds, the operations interleaved, so that a burst of noise on
-            # this shared machine hits one round of every operation rather than one point.
-            rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in ops}
-            for _ in range(ROUNDS):
-                for name, op in ops.items():
-                    rounds[name].append(
-                        await measure(
-                            [op], duration=duration / ROUNDS, counters=counters, warmup=10
-                        )
-                    )
-            for name, results in rounds.items():
-                row = {
-                    "backend": backend,
-                    "axis": axis,
-                    "size": size,
-                    "operation": name,
-                    "p50_ms": min(r["p50_ms"] for r in results),
-                    "p99_ms": statistics.median(r["p99_ms"] for r in results),
-                    "ops_per_sec": max(r["ops_per_sec"] for r in results),
-                    "statements_per_op": results[-1]["statements_per_op"],
-                    "ops": sum(r["ops"] for r in results),
-                    "errors": sum(r["errors"] for r in results),
-                }
-                rows.append(row)
-                log(
-                    f"  {backend:8} {axis:8} {size:>9,} {name:9} p50 {row['p50_ms']:7.3f} ms  "
-                    f"p99 {row['p99_ms']:7.3f} ms  {row['ops_per_sec']:8.1f} ops/s"
-                )
-
+        plans: list[tuple[str, int, Target, dict[str, Op]]] = []
         for size in sorted(sizes):
+            target = await _open(backend, tmpdir, f"scale{size}", opened)
+            seeder = Seeder(target.engine, backend)
+            await seeder.fixtures()
             await seeder.grow_sessions(size)
-
-            async def get_random(size: int = size) -> None:
-                sid = f"seed-{rng.randint(1, size):09d}"
-                user = f"u{int(sid[5:]) % USERS}"
-                await service.get(app_name=APP, user_id=user, session_id=sid)
-
-            async def recent20() -> None:
-                s = await service.get(
-                    app_name=APP, user_id="reader", session_id=reader, num_recent_events=20
-                )
-                assert len(s.events) == 20
-
-            async def list50() -> None:
-                found = await manager.list(Filter(ORG, user_id=LIST_USER, app_name=APP, limit=50))
-                assert len(found) == 50
-
-            await run("sessions", size, {"get": get_random, "recent20": recent20, "list50": list50})
-
-        long_id = f"{LONG}-000000001"
+            log(f"  seeded {size:,} sessions")
+            plans.append(("sessions", size, target, _session_ops(target, size, rng)))
+        first = opened[0]
+        seeder = Seeder(first.engine, backend)
         for size in sorted(event_sizes):
-            await seeder.grow_transcript(size)
-            session = await manager.get(ORG, long_id)
-
-            async def long_recent20() -> None:
-                s = await service.get(
-                    app_name=APP, user_id="reader", session_id=long_id, num_recent_events=20
-                )
-                assert len(s.events) == 20
-
-            async def long_get() -> None:
-                await manager.get(ORG, long_id)
-
-            async def long_append(session: Any = session) -> None:
-                event = Event(author="user", content=CONTENT, state_delta={"k": 1, "user:k": 1})
-                await manager.append_event(session, event)
-
-            await run(
-                "events",
-                size,
-                {"recent20": long_recent20, "get": long_get, "append": long_append},
-            )
-            # The appends above made the transcript longer; the next seed starts past them.
-            seeder.events_in_long = (await manager.get(ORG, long_id)).message_count
+            session_id = await seeder.transcript(size)
+            plans.append(("events", size, first, await _transcript_ops(first, session_id)))
+        log(f"  seeded transcripts of {', '.join(f'{s:,}' for s in sorted(event_sizes))} events")
+        for axis in ("sessions", "events"):
+            rows += await _rounds(backend, axis, [p for p in plans if p[0] == axis], duration, log)
     finally:
-        await engine.dispose()
-        await db.drop()
+        for target in opened:
+            await target.engine.dispose()
+            await target.db.drop()
+    return rows
+
+
+async def _rounds(
+    backend: str,
+    axis: str,
+    plans: list[tuple[str, int, Target, dict[str, Op]]],
+    duration: float,
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    # ROUNDS short rounds, sizes and operations interleaved, so that a burst of noise on
+    # this shared machine hits one round of every point rather than one whole point.
+    results: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for _ in range(ROUNDS):
+        for _axis, size, target, ops in plans:
+            for name, op in ops.items():
+                result = await measure(
+                    [op], duration=duration / ROUNDS, counters=target.counters, warmup=10
+                )
+                results.setdefault((size, name), []).append(result)
+    rows = []
+    for (size, name), found in results.items():
+        row = {
+            "backend": backend,
+            "axis": axis,
+            "size": size,
+            "operation": name,
+            "p50_ms": min(r["p50_ms"] for r in found),
+            "p99_ms": statistics.median(r["p99_ms"] for r in found),
+            "ops_per_sec": max(r["ops_per_sec"] for r in found),
+            "statements_per_op": found[-1]["statements_per_op"],
+            "ops": sum(r["ops"] for r in found),
+            "errors": sum(r["errors"] for r in found),
+        }
+        rows.append(row)
+        log(
+            f"  {backend:8} {axis:8} {size:>9,} {name:9} p50 {row['p50_ms']:7.3f} ms  "
+            f"p99 {row['p99_ms']:7.3f} ms  {row['ops_per_sec']:8.1f} ops/s"
+        )
     return rows

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import glob
-import os
-import tempfile
+import shutil
+from pathlib import Path
 
 import nox
 
@@ -54,9 +53,11 @@ def migrations(session: nox.Session) -> None:
 
 @nox.session
 def wheel(session: nox.Session) -> None:
-    """Build the wheel and check that, installed alone in a fresh venv, it migrates SQLite."""
-    session.install("build")
-    out = tempfile.mkdtemp(prefix="ds-wheel-")
-    session.run("python", "-m", "build", "--wheel", "--outdir", out, silent=True)
-    (built,) = glob.glob(os.path.join(out, "*.whl"))
-    session.run("python", "tests/wheel_check.py", built)
+    """Build the wheel, install it in a fresh venv and migrate a SQLite file outside the repo."""
+    dist = Path(session.create_tmp()) / "wheel-dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(dist), ".")
+    wheels = sorted(dist.glob("durable_sessions-*.whl"))
+    if len(wheels) != 1:
+        session.error(f"expected one wheel in {dist}, found {[w.name for w in wheels]}")
+    session.run("python", "tests/wheel_check.py", str(wheels[0]))

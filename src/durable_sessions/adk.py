@@ -35,7 +35,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 try:
-    from google.adk.errors import StaleSessionError as AdkStaleSessionError
+    from google.adk import errors as adk_errors
     from google.adk.errors.already_exists_error import AlreadyExistsError
     from google.adk.errors.session_not_found_error import (
         SessionNotFoundError as AdkSessionNotFoundError,
@@ -69,6 +69,8 @@ _STALE_MESSAGE = (
     "Please reload the session before appending more events."
 )
 _MARKER_PREFIX = "durable-sessions:v"
+# ADK's StaleSessionError (a ValueError) exists since google-adk 2.x; before, ADK raised ValueError.
+_STALE_ERROR: type[ValueError] = getattr(adk_errors, "StaleSessionError", ValueError)
 _ONE_MICROSECOND = timedelta(microseconds=1)
 
 
@@ -81,15 +83,14 @@ def _not_found(session_id: str) -> AdkSessionNotFoundError:
     return AdkSessionNotFoundError(f"Session {session_id} not found.")
 
 
-def _json_safe(state: dict[str, Any]) -> dict[str, Any]:
-    """Coerce state into JSON as ADK's database service does (unknown types become text)."""
-    safe: dict[str, Any] = to_jsonable_python(state, serialize_unknown=True)
-    return safe
+def _to_json(value: Any) -> Any:
+    """Convert a value to JSON as ADK's database service does: unknown types become text."""
+    return to_jsonable_python(value, serialize_unknown=True)
 
 
 def _to_record(event: AdkEvent) -> Event:
     """Return the durable event that stores an ADK event exactly, as JSON."""
-    data: dict[str, Any] = event.model_dump(mode="json", exclude_none=True)
+    data: dict[str, Any] = event.model_dump(mode="json", exclude_none=True, fallback=_to_json)
     usage = event.usage_metadata
     return Event(
         author=event.author,
@@ -225,7 +226,7 @@ class DurableSessionService(BaseSessionService):
             org_id=org_id,
             user_id=user_id,
             app_name=app_name,
-            state=_json_safe(initial),
+            state=_to_json(initial),
         )
         try:
             created = await self.store.create(record)
@@ -352,12 +353,12 @@ class DurableSessionService(BaseSessionService):
             raise _not_found(session.id)
         if ours:
             if marker != _marker(org_id, stored.version):
-                raise AdkStaleSessionError(_STALE_MESSAGE)
+                raise _STALE_ERROR(_STALE_MESSAGE)
         else:
             # A session object this service did not load: current if it ends with the
             # newest stored event (or both have none), as ADK's database service checks.
             last = await self.store.list_events(org_id, session.id, limit=1)
             known = session.events[-1].id if session.events else None
             if (last[0].id if last else None) != known:
-                raise AdkStaleSessionError(_STALE_MESSAGE)
+                raise _STALE_ERROR(_STALE_MESSAGE)
         return stored.version

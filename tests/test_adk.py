@@ -105,7 +105,9 @@ def test_import_without_google_adk_names_the_extra() -> None:
 
 
 async def test_get_missing_session_returns_none(service: DurableSessionService) -> None:
-    assert await service.get_session(app_name=APP, user_id="u", session_id="123") is None
+    for missing in ("123", "", "x" * 300):
+        assert await service.get_session(app_name=APP, user_id="u", session_id=missing) is None
+        await service.delete_session(app_name=APP, user_id="u", session_id=missing)
 
 
 async def test_create_get_delete(service: DurableSessionService) -> None:
@@ -480,6 +482,21 @@ async def test_events_written_by_other_writers_read_as_text(
     (event,) = (await reload(service, session)).events
     assert event.author == "user"
     assert event.content == types.Content(role="user", parts=[types.Part(text="hello")])
+
+
+async def test_durable_features_work_on_adk_sessions(
+    service: DurableSessionService, store: Store
+) -> None:
+    session = await service.create_session(app_name=APP, user_id="u", state={"topic": "trip"})
+    await service.append_event(session, rich_event())
+    child = await Manager(store, app_name=APP).fork(ORG, session.id, with_events=True)
+    forked = await service.get_session(app_name=APP, user_id="u", session_id=child.id)
+    assert forked is not None
+    assert forked.events == session.events
+    assert forked.state == {**session.state, "forked_from": session.id}
+    listed = (await service.list_sessions(app_name=APP, user_id="u")).sessions
+    assert {s.id for s in listed} == {session.id, child.id}
+    assert (await store.get(ORG, child.id)).token_total == 12
 
 
 # -- stale sessions and missing ones --------------------------------------------------------

@@ -5,8 +5,12 @@ Switch an ADK app over by handing the Runner this service instead of one of ADK'
     from durable_sessions import SQLStore
     from durable_sessions.adk import DurableSessionService
 
+    store = SQLStore(engine)  # a migrated database: await store.migrate() once
     runner = Runner(agent=agent, app_name="my_app",
-                    session_service=DurableSessionService(SQLStore(engine)))
+                    session_service=DurableSessionService(store, org_id="acme"))
+
+Without ``org_id`` each call works in the organisation bound in its context
+(``current_org_id()``), so one service can serve every tenant.
 
 ADK's ``Event`` is stored whole, as the JSON of ``model_dump(mode="json",
 exclude_none=True)``, in the stored event's ``content`` (never pickled) and read back with
@@ -57,7 +61,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from .context import current_org_id
-from .errors import SessionExistsError, SessionNotFoundError
+from .errors import InvalidArgumentError, SessionExistsError, SessionNotFoundError
 from .model import Event, Filter, Session, new_id
 from .state import TEMP_PREFIX, validate_id
 from .store import Store
@@ -176,8 +180,9 @@ class DurableSessionService(BaseSessionService):
     ) -> Session | None:
         """Return the stored session if it belongs to this app and user, else None."""
         try:
+            validate_id("session_id", session_id)  # a blank or overlong id names no session
             stored = await self.store.get(org_id, session_id)
-        except SessionNotFoundError:
+        except (SessionNotFoundError, InvalidArgumentError):
             return None
         if stored.app_name != app_name or stored.user_id != user_id:
             return None
@@ -281,8 +286,10 @@ class DurableSessionService(BaseSessionService):
     async def list_sessions(
         self, *, app_name: str, user_id: str | None = None
     ) -> ListSessionsResponse:
-        """Return an app's sessions (one user's, or every user's), least recently updated
-        first, each with its merged state and without events."""
+        """Return an app's sessions, least recently updated first, with state, without events.
+
+        With ``user_id`` only that user's sessions; without it every user's.
+        """
         org_id = self._org()
         found = await self.store.list(Filter(org_id, user_id=user_id, app_name=app_name))
         sessions = []

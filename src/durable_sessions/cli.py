@@ -1,0 +1,491 @@
+"""The ``durable-sessions`` command: demo, migrations, inspection, retention, export, import."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import URL, make_url
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from .errors import SchemaNotMigratedError, SessionError, StoreUnavailableError
+from .manager import Manager
+from .model import Filter, Session
+from .sql.dialect import SUPPORTED
+from .sql.store import SQLStore
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["DEFAULT_URL", "URL_ENV", "CLIError", "build_parser", "main", "parse_duration"]
+
+PROG = "durable-sessions"
+URL_ENV = "DURABLE_SESSIONS_URL"
+"""The environment variable read when ``--url`` is not given."""
+DEFAULT_URL = "sqlite+aiosqlite:///durable-sessions.db"
+"""The database used when neither ``--url`` nor ``DURABLE_SESSIONS_URL`` is set."""
+_ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}
+_ASYNC_DRIVERS["sqlite"] = "sqlite+aiosqlite"
+_EXTRA = {"aiosqlite": "sqlite", "asyncpg": "postgres"}
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+class CLIError(Exception):
+    """A mistake the user can fix, reported as one line on stderr with ``code`` as exit code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- databases -----------------------------------------------------------------------------
+
+
+def database_url(given: str | None) -> URL:
+    """Return the URL to use: ``--url``, else ``$DURABLE_SESSIONS_URL``, else the SQLite file.
+
+    Plain ``postgresql://`` and ``sqlite://`` URLs get their async driver.
+
+    Raises:
+        CLIError: The URL cannot be parsed or names an unsupported database or driver.
+    """
+    raw = given or os.environ.get(URL_ENV) or DEFAULT_URL
+    try:
+        url = make_url(raw)
+    except (sa_exc.ArgumentError, ValueError):
+        # Never echo the text: it may hold a password.
+        raise CLIError(
+            "the database URL is not valid; expected e.g. sqlite+aiosqlite:///sessions.db "
+            "or postgresql+asyncpg://user@host:5432/db"
+        ) from None
+    url = url.set(drivername=_ASYNC_DRIVERS.get(url.drivername, url.drivername))
+    if (url.get_backend_name(), url.get_driver_name()) not in SUPPORTED:
+        raise CLIError(
+            f"unsupported database URL scheme {url.drivername!r}; "
+            "use sqlite+aiosqlite:// or postgresql+asyncpg://"
+        )
+    return url
+
+
+def _sqlite_file(url: URL) -> Path | None:
+    name = url.database
+    if url.get_backend_name() != "sqlite" or not name or name == ":memory:":
+        return None
+    return None if name.startswith("file:") else Path(name)
+
+
+def _make_engine(url: URL) -> AsyncEngine:
+    options: dict[str, Any] = {}
+    if url.get_backend_name() == "postgresql":
+        options["connect_args"] = {"timeout": 10}  # asyncpg waits 60 s by default
+    try:
+        return create_async_engine(url, **options)
+    except ModuleNotFoundError as exc:
+        driver = url.get_driver_name()
+        raise CLIError(
+            f"the {driver} driver is not installed: "
+            f"pip install 'durable-sessions[{_EXTRA[driver]}]'"
+        ) from exc
+
+
+@asynccontextmanager
+async def _open(args: argparse.Namespace, *, migrated: bool = True) -> AsyncIterator[SQLStore]:
+    """Open the store named by the arguments; with ``migrated``, insist on a schema at head."""
+    from . import migrate
+
+    url: URL = args.db_url
+    path = _sqlite_file(url)
+    if migrated and path is not None and not path.exists():
+        raise SchemaNotMigratedError(
+            f"there is no database file {str(path)!r}; create it with `{PROG} migrate` "
+            f"(or try `{PROG} demo`)"
+        )
+    engine = _make_engine(url)
+    try:
+        store = SQLStore(engine)
+        if migrated:
+            revision, head = await migrate.current(engine), migrate.head()
+            if revision != head:
+                raise SchemaNotMigratedError(
+                    f"the database schema is at {revision or 'no revision'}, this version "
+                    f"needs {head}; run `{PROG} migrate`"
+                )
+        yield store
+    finally:
+        await engine.dispose()
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+def _console(stderr: bool = False) -> Console:
+    """A rich console on stdout (or stderr), or the error naming the extra that brings rich."""
+    try:
+        from .demo import make_console
+    except ImportError as exc:
+        if not (exc.name or "").startswith("rich"):
+            raise
+        raise CLIError(
+            "tables and progress bars need the optional 'cli' extra: "
+            "pip install 'durable-sessions[cli]'"
+        ) from None
+    return make_console(sys.stderr if stderr else sys.stdout)
+
+
+def _interactive(data_on_stdout: bool = False) -> bool:
+    """Whether to draw progress: stdout and stderr are terminals and stdout carries no data."""
+    return not data_on_stdout and sys.stdout.isatty() and sys.stderr.isatty()
+
+
+@contextmanager
+def _progress(label: str, total: int | None, show: bool) -> Iterator[Callable[[int], None]]:
+    """Yield an ``advance(n)`` callback that draws a transient bar on stderr when ``show``."""
+    if not show:
+        yield lambda n: None
+        return
+    from rich.progress import Progress
+
+    with Progress(console=_console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse a duration such as ``90s``, ``15m``, ``12h``, ``30d`` or ``2w``.
+
+    Raises:
+        CLIError: The text is not a whole number followed by s, m, h, d or w.
+    """
+    found = re.fullmatch(r"\s*(\d+)\s*([smhdw])\s*", text)
+    if found is None:
+        raise CLIError(
+            f"invalid duration {text!r}: use a whole number followed by s, m, h, d or w "
+            "(for example 30d)",
+            code=2,
+        )
+    try:
+        return timedelta(**{_UNITS[found[2]]: int(found[1])})
+    except OverflowError:
+        raise CLIError(f"duration {text!r} is too long", code=2) from None
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}")
+    return int(text)
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from .demo import TerminalOutput, run_demo
+
+    console = _console()
+    console.print(f"{PROG} demo: an agent whose conversations outlive the process", style="bold")
+    console.print(f"Database: {_safe(args.db_url)}")
+    await run_demo(lambda: _make_engine(args.db_url), TerminalOutput(console), org_id=args.org)
+    return 0
+
+
+async def _migrate(args: argparse.Namespace) -> int:
+    from alembic.util import CommandError
+
+    from . import migrate
+
+    down = args.command == "downgrade"
+    async with _open(args, migrated=False) as store:
+        before = await migrate.current(store.engine)
+        try:
+            await (migrate.downgrade if down else migrate.upgrade)(store.engine, args.revision)
+        except CommandError as exc:  # an unknown revision, say
+            raise CLIError(f"migration refused: {exc}") from exc
+        after = await migrate.current(store.engine)
+    done = "Downgraded" if down else "Migrated"
+    if before == after:
+        print(f"Already at {after or 'base'}; nothing to do.")
+    else:
+        print(f"{done} from {before or 'base'} to {after or 'base'}.")
+    return 0
+
+
+async def _current(args: argparse.Namespace) -> int:
+    from . import migrate
+
+    path = _sqlite_file(args.db_url)
+    revision = None
+    if path is None or path.exists():  # asking must not create the file
+        async with _open(args, migrated=False) as store:
+            revision = await migrate.current(store.engine)
+    head = migrate.head()
+    if args.command == "current":
+        print(f"{revision or 'none'} ({'head' if revision == head else f'head is {head}'})")
+        return 0
+    if revision == head:
+        print(f"The schema is at head ({head}).")
+        return 0
+    print(f"The schema is at {revision or 'no revision'}, not head ({head}); run `{PROG} migrate`.")
+    return 1
+
+
+async def _list(args: argparse.Namespace) -> int:
+    console = _console()
+    from .demo import draw_table, when
+
+    async with _open(args) as store:
+        filter = Filter(args.org, user_id=args.user, app_name=args.app, limit=args.limit)
+        found = await Manager(store).list(filter)
+    if not found:
+        print(f"No sessions in organisation {args.org!r} match.")
+        return 0
+    columns = ["id", "title", "user", "app", "updated (UTC)", "messages", "tokens"]
+    rows = [[s.id, s.title, s.user_id, s.app_name, when(s.updated_at), *_numbers(s)] for s in found]
+    draw_table(console, columns, rows)
+    if args.limit and len(found) == args.limit:
+        console.print(f"The {args.limit} most recently updated are shown; --limit 0 shows all.")
+    return 0
+
+
+async def _show(args: argparse.Namespace) -> int:
+    console = _console()
+    from .demo import describe_state, draw_table, text, when
+
+    async with _open(args) as store:
+        s = await store.get(args.org, args.id)
+        found = await store.list_events(args.org, args.id, limit=args.events)
+    console.print("Session", style="bold")
+    facts = {
+        "id": s.id, "organisation": s.org_id, "user": s.user_id, "app": s.app_name,
+        "title": s.title, "forked from": s.parent_id or "", "created (UTC)": when(s.created_at),
+        "updated (UTC)": when(s.updated_at), "messages": s.message_count,
+        "tokens": s.token_total, "version": s.version,
+    }  # fmt: skip
+    for name, value in facts.items():
+        console.print(f"  {name:<14}{value}")
+    console.print("\nState", style="bold")
+    draw_table(console, ["scope", "key", "value (JSON)"], describe_state(s.state))
+    console.print(f"\nLast {len(found)} of {s.message_count} events", style="bold")
+    rows = [
+        [
+            str(e.seq),
+            when(e.timestamp),
+            e.author,
+            str(e.tokens),
+            text(e.content),
+            text(e.state_delta or ""),
+        ]
+        for e in found
+    ]
+    if rows:
+        draw_table(console, ["#", "time (UTC)", "author", "tokens", "content", "state delta"], rows)
+    return 0
+
+
+async def _fork(args: argparse.Namespace) -> int:
+    async with _open(args) as store:
+        child = await Manager(store).fork(args.org, args.id, with_events=args.with_events)
+    copied = f" with its {child.message_count} events" if args.with_events else ""
+    print(f"Forked {args.id} into {child.id}{copied}.")
+    return 0
+
+
+async def _delete(args: argparse.Namespace) -> int:
+    async with _open(args) as store:
+        await Manager(store).delete(args.org, args.id)
+    print(f"Deleted session {args.id} with its state and transcript.")
+    return 0
+
+
+async def _purge(args: argparse.Namespace) -> int:
+    older_than = parse_duration(args.older_than)
+    async with _open(args) as store:
+        manager = Manager(store)
+        count = await manager.purge(args.org, older_than=older_than, dry_run=True)
+        if count and not args.dry_run:
+            with _progress(f"Deleting {count} sessions", None, _interactive()):
+                count = await manager.purge(args.org, older_than=older_than)
+    verb = "Would delete" if args.dry_run else "Deleted"
+    print(f"{verb} {count} sessions of organisation {args.org!r} not updated in {args.older_than}.")
+    return 0
+
+
+async def _delete_user(args: argparse.Namespace) -> int:
+    async with _open(args) as store:
+        with _progress(f"Deleting user {args.user!r}", None, _interactive()):
+            count = await Manager(store).delete_user(args.org, args.user)
+    print(f"Deleted {count} sessions and the user: state of user {args.user!r} in {args.org!r}.")
+    return 0
+
+
+def _numbers(session: Session) -> list[str]:
+    return [str(session.message_count), str(session.token_total)]
+
+
+def _summary(counts: Any) -> str:
+    return (
+        f"{counts.sessions} sessions, {counts.events} events, "
+        f"{counts.user_state} user: and {counts.app_state} app: state rows"
+    )
+
+
+async def _export(args: argparse.Namespace) -> int:
+    from .transfer import count_sessions, export_jsonl
+
+    to_stdout = args.output == "-"
+    show = _interactive(data_on_stdout=to_stdout)
+    async with _open(args) as store:
+        total = await count_sessions(store) if show else None
+        with _progress("Exporting", total, show) as advance:
+            if to_stdout:
+                counts = await export_jsonl(store, sys.stdout.buffer, progress=advance)
+                sys.stdout.buffer.flush()
+            else:
+                target = Path(args.output)
+                partial = target.with_name(f".{target.name}.partial")  # renamed when complete
+                try:
+                    out = partial.open("wb")
+                except OSError as exc:
+                    raise CLIError(f"cannot write {args.output!r}: {exc.strerror}") from None
+                try:
+                    with out:
+                        counts = await export_jsonl(store, out, progress=advance)
+                    partial.replace(target)
+                finally:
+                    partial.unlink(missing_ok=True)
+    print(f"Exported {_summary(counts)}.", file=sys.stderr if to_stdout else sys.stdout)
+    return 0
+
+
+async def _import(args: argparse.Namespace) -> int:
+    from .transfer import import_jsonl
+
+    async with _open(args) as store:
+        # This loop runs only this command, so blocking file reads stall nothing.
+        with sys.stdin.buffer if args.input == "-" else open(args.input, "rb") as source:  # noqa: ASYNC230
+            size = os.fstat(source.fileno()).st_size if args.input != "-" else None
+            with _progress("Importing", size, _interactive() and size is not None) as advance:
+                counts = await import_jsonl(store, source, progress=advance)
+    print(f"Imported {_summary(counts)}.")
+    return 0
+
+
+# -- parser and entry point ----------------------------------------------------------------
+
+Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser of the ``durable-sessions`` command."""
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Try, migrate, inspect, purge, export and import a durable-sessions database.",
+        epilog=f"The database is --url, else ${URL_ENV}, else {DEFAULT_URL}.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--url", help=f"database URL (default: ${URL_ENV} or {DEFAULT_URL})")
+    # --url also works after the command; SUPPRESS keeps a value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=argparse.SUPPRESS, help=f"database URL (or ${URL_ENV})")
+    org = argparse.ArgumentParser(add_help=False)
+    org.add_argument("--org", default="default", help="organisation id (default: %(default)s)")
+    commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
+    commands.required = True
+
+    def command(name: str, handler: Handler, summary: str, *, with_org: bool = True) -> Any:
+        parents = [common, org] if with_org else [common]
+        sub = commands.add_parser(name, help=summary, description=summary, parents=parents)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    command("demo", _demo, "Hold a scripted conversation, restart, resume and fork it.")
+    sub = command("migrate", _migrate, "Upgrade the schema to head.", with_org=False)
+    sub.add_argument("--revision", default="head", help="target revision (default: head)")
+    command("current", _current, "Print the schema revision of the database.", with_org=False)
+    command("check", _current, "Exit 0 only when the schema is at head.", with_org=False)
+    sub = command("downgrade", _migrate, "Downgrade the schema to REV.", with_org=False)
+    sub.add_argument("revision", metavar="REV", help="a revision, or base (drops every table)")
+    sub = command("list", _list, "List sessions, most recently updated first.")
+    sub.add_argument("--user", help="only this user's sessions")
+    sub.add_argument("--app", help="only this application's sessions")
+    sub.add_argument("--limit", type=_count, default=50, help="at most N (0: all; default: 50)")
+    sub = command("show", _show, "Show a session's metadata, state by scope and last events.")
+    sub.add_argument("id", help="the session id")
+    sub.add_argument("--events", type=_count, default=10, metavar="N", help="default: 10")
+    sub = command("fork", _fork, "Start a new session from a copy of one's private state.")
+    sub.add_argument("id", help="the session id")
+    sub.add_argument("--with-events", action="store_true", help="copy the transcript too")
+    sub = command("delete", _delete, "Delete a session with its state and transcript.")
+    sub.add_argument("id", help="the session id")
+    sub = command("purge", _purge, "Delete the sessions not updated for a while.")
+    sub.add_argument("--older-than", required=True, metavar="AGE", help="90s, 15m, 12h, 30d, 2w")
+    sub.add_argument("--dry-run", action="store_true", help="count only, delete nothing")
+    sub = command("delete-user", _delete_user, "Erase a user's sessions and user: state.")
+    sub.add_argument("user", metavar="USER", help="the user id")
+    sub = command("export", _export, "Write all organisations as JSON Lines.", with_org=False)
+    sub.add_argument("-o", "--output", default="-", metavar="FILE", help="default: - (stdout)")
+    sub = command("import", _import, "Load an export, all or nothing.", with_org=False)
+    sub.add_argument("-i", "--input", default="-", metavar="FILE", help="default: - (stdin)")
+    return parser
+
+
+def _safe(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+def _root_cause(exc: BaseException) -> str:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _message(exc: BaseException, url: URL | None) -> str:
+    """The one line that explains an error, with any password of the URL masked."""
+    if isinstance(exc, (StoreUnavailableError, sa_exc.DBAPIError)):
+        where = _safe(url) if url is not None else "the database"
+        text = f"cannot use the database at {where} ({_root_cause(exc)})"
+    elif isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    else:
+        text = str(exc)
+    if url is not None and url.password:
+        text = text.replace(str(url.password), "***")
+    return " ".join(text.split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else 0
+    url: URL | None = None
+    try:
+        args.db_url = url = database_url(args.url)
+        handler: Handler = args.handler
+        return asyncio.run(handler(args))
+    except CLIError as exc:
+        print(f"{PROG}: error: {_message(exc, url)}", file=sys.stderr)
+        return exc.code
+    except (SessionError, sa_exc.DBAPIError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError):  # the reader went away (e.g. `| head`)
+            with suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        print(f"{PROG}: error: {_message(exc, url)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,781 @@
+"""The ``durable-sessions`` command, driven as a user drives it: subprocesses and ``main(argv)``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from durable_sessions import Event, Filter, Manager, SessionNotFoundError, SQLStore, transfer
+from durable_sessions.cli import main
+from durable_sessions.sql.schema import sessions
+from durable_sessions.transfer import dumps
+
+PROG = "durable-sessions"
+COMMANDS = [
+    "demo", "migrate", "current", "check", "downgrade", "list", "show", "fork", "delete",
+    "purge", "delete-user", "export", "import",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _no_url_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DURABLE_SESSIONS_URL", raising=False)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", marks=pytest.mark.sqlite),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The URL of an empty, unmigrated database of each dialect."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}"
+    make: Callable[[], str] = request.getfixturevalue("fresh_pg_url")
+    return make()
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run the command in-process; return its exit code, stdout and stderr."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run(
+    *argv: str, cwd: Path | None = None, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``python -m durable_sessions`` in a child process, as a shell would."""
+    env = {k: v for k, v in os.environ.items() if k != "DURABLE_SESSIONS_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "durable_sessions", *argv],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+
+
+def with_manager(url: str, work: Callable[[Manager], Awaitable[Any]]) -> Any:
+    """Run ``work`` with a Manager on the database at ``url``, as an application would."""
+
+    async def go() -> Any:
+        engine = create_async_engine(url)
+        try:
+            return await work(Manager(SQLStore(engine), app_name="support"))
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(go())
+
+
+def one_error_line(err: str) -> str:
+    """Assert that stderr is one clean error line, and return it."""
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"{PROG}: error: ")
+    return lines[0]
+
+
+def migrate(url: str) -> None:
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["--url", url, "migrate"]) == 0
+
+
+# -- help ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, command, "--help")
+    assert code == 0
+    assert out.startswith(f"usage: {PROG} {command}")
+
+
+def test_the_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "--help")
+    assert code == 0
+    assert all(f"    {command}" in out for command in COMMANDS)
+
+
+# -- demo ----------------------------------------------------------------------------------
+
+
+def _demo_sessions(stdout: str) -> list[str]:
+    table = stdout.split('5. Sessions of app "demo"')[1]
+    return [line for line in table.splitlines() if "Hi! I'm Ada" in line]
+
+
+@pytest.mark.sqlite
+def test_demo_runs_twice_on_the_default_sqlite_file(tmp_path: Path) -> None:
+    first = run("demo", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr == b""
+    out = first.stdout.decode()
+    for heading in ("1. A new conversation", "2. Restart and resume", "3. Fork", "4. Transcript"):
+        assert heading in out
+    assert "Hi! I'm Ada and I'd like to plan a weekend in Lisbon." in out
+    assert "temp:" not in out.split("2. Restart and resume")[1].split("3. Fork")[0].replace(
+        "temp: keys never", ""
+    )
+    assert len(_demo_sessions(out)) == 2
+    assert (tmp_path / "durable-sessions.db").exists()
+    assert "\x1b[" not in out  # no colour codes in a pipe
+
+    second = run("demo", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    out = second.stdout.decode()
+    assert "Welcome back, Ada! Last time it was Lisbon." in out
+    assert "booking #2" in out
+    assert len(_demo_sessions(out)) == 4
+
+
+@pytest.mark.postgres
+def test_demo_runs_twice_on_postgres(
+    fresh_pg_url: Callable[[], str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = fresh_pg_url()
+    code, out, err = cli(capsys, "--url", url, "demo")
+    assert (code, err) == (0, "")
+    assert len(_demo_sessions(out)) == 2
+    code, out, err = cli(capsys, "demo", "--url", url)
+    assert (code, err) == (0, "")
+    assert len(_demo_sessions(out)) == 4
+    assert "Welcome back" in out
+
+
+# -- migrations ----------------------------------------------------------------------------
+
+
+def test_migrate_current_check_downgrade(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "--url", db_url, "check")
+    assert code == 1
+    assert out.strip().endswith("run `durable-sessions migrate`.")
+    if db_url.startswith("sqlite"):
+        assert not Path(db_url.split("///", 1)[1]).exists(), "check must not create the file"
+    assert cli(capsys, "--url", db_url, "current")[:2] == (0, "none (head is 0001)\n")
+
+    assert cli(capsys, "--url", db_url, "migrate")[:2] == (0, "Migrated from base to 0001.\n")
+    assert cli(capsys, "migrate", "--url", db_url)[:2] == (0, "Already at 0001; nothing to do.\n")
+    assert cli(capsys, "--url", db_url, "check")[:2] == (0, "The schema is at head (0001).\n")
+    assert cli(capsys, "--url", db_url, "current")[:2] == (0, "0001 (head)\n")
+
+    assert cli(capsys, "--url", db_url, "downgrade", "base")[:2] == (
+        0,
+        "Downgraded from 0001 to base.\n",
+    )
+    assert cli(capsys, "--url", db_url, "check")[0] == 1
+    code, _, err = cli(capsys, "--url", db_url, "list")
+    assert code == 1
+    assert "run `durable-sessions migrate`" in one_error_line(err)
+
+    assert cli(capsys, "--url", db_url, "migrate", "--revision", "0001")[0] == 0
+    assert cli(capsys, "--url", db_url, "check")[0] == 0
+
+
+def test_migrate_to_an_unknown_revision_is_one_clean_line(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli(capsys, "--url", db_url, "migrate", "--revision", "nope")
+    assert code == 1
+    assert "nope" in one_error_line(err)
+
+
+@pytest.mark.sqlite
+def test_the_url_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DURABLE_SESSIONS_URL", f"sqlite:///{tmp_path / 'env.db'}")
+    assert cli(capsys, "migrate")[0] == 0
+    assert (tmp_path / "env.db").exists()
+
+
+# -- list, show, fork, delete --------------------------------------------------------------
+
+
+async def _seed_conversations(manager: Manager) -> dict[str, str]:
+    ada = await manager.create(
+        "acme", "ada", state={"plan": "pro", "user:lang": "en", "app:motd": "hi", "temp:x": 1}
+    )
+    await manager.append_event(ada, Event(author="ada", content="My order is late", tokens=4))
+    await manager.append_event(
+        ada, Event(author="agent", content={"tool": "track"}, state_delta={"step": 2}, tokens=6)
+    )
+    await manager.append_event(ada, Event(author="agent", content="It ships today", tokens=3))
+    await manager.touch(ada, messages=0, first_message="My order is late")
+    bob = await manager.create("acme", "bob", state={"plan": "free"})
+    await manager.create("other", "ada")
+    return {"ada": ada.id, "bob": bob.id}
+
+
+def test_list_show_fork_delete(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    migrate(db_url)
+    ids = with_manager(db_url, _seed_conversations)
+
+    code, out, err = cli(capsys, "--url", db_url, "list", "--org", "acme")
+    assert (code, err) == (0, "")
+    assert ids["ada"] in out
+    assert ids["bob"] in out
+    assert "My order is late" in out
+    assert out.splitlines()[0].split() == [
+        "id", "title", "user", "app", "updated", "(UTC)", "messages", "tokens",
+    ]  # fmt: skip
+    code, out, _ = cli(capsys, "--url", db_url, "list", "--org", "acme", "--user", "bob")
+    assert ids["bob"] in out
+    assert ids["ada"] not in out
+    code, out, _ = cli(capsys, "--url", db_url, "list", "--org", "acme", "--limit", "1")
+    assert ids["bob"] in out
+    assert "--limit 0 shows all" in out
+    code, out, _ = cli(capsys, "--url", db_url, "list", "--org", "acme", "--app", "nope")
+    assert out == "No sessions in organisation 'acme' match.\n"
+
+    code, out, err = cli(
+        capsys, "--url", db_url, "show", ids["ada"], "--org", "acme", "--events", "2"
+    )
+    assert (code, err) == (0, "")
+    assert "title         My order is late" in out
+    assert "messages      3" in out
+    assert "tokens        13" in out
+    state = out.split("State")[1].split("Last 2 of 3 events")[0]
+    rows = [line.split() for line in state.splitlines()[3:] if line.strip()]
+    assert rows == [
+        ["private", "plan", '"pro"'],
+        ["private", "step", "2"],
+        ["user", "user:lang", '"en"'],
+        ["app", "app:motd", '"hi"'],
+    ]
+    events = out.split("Last 2 of 3 events")[1]
+    assert '{"tool":"track"}' in events
+    assert '{"step":2}' in events
+    assert "It ships today" in events
+    assert "My order is late" not in events
+
+    code, out, err = cli(
+        capsys, "--url", db_url, "fork", ids["ada"], "--org", "acme", "--with-events"
+    )
+    assert (code, err) == (0, "")
+    child_id = out.split(" into ")[1].split()[0]
+    assert out.endswith("with its 3 events.\n")
+    child = with_manager(db_url, lambda m: m.get("acme", child_id))
+    assert child.parent_id == ids["ada"]
+    assert child.state["forked_from"] == ids["ada"]
+    copied = with_manager(db_url, lambda m: m.store.list_events("acme", child_id))
+    assert [e.content for e in copied][-1] == "It ships today"
+
+    code, out, _ = cli(capsys, "--url", db_url, "delete", ids["ada"], "--org", "acme")
+    assert code == 0
+    assert ids["ada"] in out
+    with pytest.raises(SessionNotFoundError):
+        with_manager(db_url, lambda m: m.get("acme", ids["ada"]))
+    code, _, err = cli(capsys, "--url", db_url, "show", ids["ada"], "--org", "acme")
+    assert code == 1
+    assert one_error_line(err) == (
+        f"{PROG}: error: session {ids['ada']!r} not found in organisation 'acme'"
+    )
+
+
+# -- retention -----------------------------------------------------------------------------
+
+
+def _age(url: str, session_ids: list[str], days: int) -> None:
+    async def go() -> None:
+        engine = create_async_engine(url)
+        try:
+            async with engine.begin() as conn:
+                stamp = datetime.now(timezone.utc) - timedelta(days=days)
+                await conn.execute(
+                    update(sessions).where(sessions.c.id.in_(session_ids)).values(updated_at=stamp)
+                )
+        finally:
+            await engine.dispose()
+
+    asyncio.run(go())
+
+
+def test_purge_dry_run_then_real(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    migrate(db_url)
+
+    async def seed(manager: Manager) -> list[str]:
+        return [(await manager.create(org, "ada")).id for org in ("acme", "acme", "acme", "other")]
+
+    old_one, old_two, fresh, other = with_manager(db_url, seed)
+    _age(db_url, [old_one, old_two, other], days=45)
+
+    code, out, err = cli(
+        capsys, "--url", db_url, "purge", "--org", "acme", "--older-than", "30d", "--dry-run"
+    )
+    assert (code, err) == (0, "")
+    assert out == "Would delete 2 sessions of organisation 'acme' not updated in 30d.\n"
+    assert len(with_manager(db_url, lambda m: m.list(Filter("acme")))) == 3
+
+    code, out, err = cli(capsys, "--url", db_url, "purge", "--org", "acme", "--older-than", "4w")
+    assert (code, err) == (0, "")
+    assert out == "Deleted 2 sessions of organisation 'acme' not updated in 4w.\n"
+    assert [s.id for s in with_manager(db_url, lambda m: m.list(Filter("acme")))] == [fresh]
+    assert [s.id for s in with_manager(db_url, lambda m: m.list(Filter("other")))] == [other]
+
+    code, out, _ = cli(capsys, "--url", db_url, "purge", "--org", "acme", "--older-than", "90s")
+    assert out.startswith("Deleted 0 sessions")
+
+
+@pytest.mark.parametrize("age", ["30", "30x", "d", "-1d", "1.5h", ""])
+def test_purge_refuses_a_bad_duration(age: str, tmp_path: Path) -> None:
+    done = run("--url", f"sqlite+aiosqlite:///{tmp_path / 'x.db'}", "purge", f"--older-than={age}")
+    assert done.returncode == 2
+    line = one_error_line(done.stderr.decode())
+    assert f"invalid duration {age!r}" in line
+
+
+def test_delete_user(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    migrate(db_url)
+
+    async def seed(manager: Manager) -> None:
+        for _ in range(3):
+            await manager.create("acme", "ada", state={"user:lang": "en"})
+        await manager.create("acme", "bob", state={"user:lang": "fr"})
+
+    with_manager(db_url, seed)
+    code, out, err = cli(capsys, "--url", db_url, "delete-user", "ada", "--org", "acme")
+    assert (code, err) == (0, "")
+    assert out == "Deleted 3 sessions and the user: state of user 'ada' in 'acme'.\n"
+    left = with_manager(db_url, lambda m: m.list(Filter("acme")))
+    assert [s.user_id for s in left] == ["bob"]
+    again = with_manager(db_url, lambda m: m.create("acme", "ada"))
+    assert "user:lang" not in again.state
+
+
+# -- export and import ---------------------------------------------------------------------
+
+
+async def _seed_everything(manager: Manager) -> None:
+    """Sessions across organisations whose ids sort differently by byte and by locale."""
+    store = manager.store
+    value = {
+        "n": 1, "f": 0.5, "neg": -2.25, "big": 2**70, "null": None, "t": True,
+        "nested": {"z": [1, None, False, {"é": "ü"}], "a": {}, "": []},
+        "text": "line\nbreak \u2028 tab\t quote\" 😀 \\ ",
+    }  # fmt: skip
+    for org in ("acme", "Zeta", "émile", "a-b", "ab", "A", "a_b"):
+        for app in ("support", ""):
+            apps = Manager(store, app_name=app)
+            first = await apps.create(
+                org, "Ada 😀", state={**value, "user:name": "Ada", "app:cfg": {"k": [1, 2]}}
+            )
+            await apps.append_event(first, Event(author="Ada 😀", content="Hello ☕", tokens=2))
+            await apps.append_event(
+                first,
+                Event(
+                    author="agent",
+                    content={"tool": "search", "args": [1, 2.5, None]},
+                    invocation_id="inv-1",
+                    state_delta={"step": 1, "user:seen": True, "temp:scratch": 1},
+                    tokens=7,
+                ),
+            )
+            await apps.append_event(first, Event(author="agent", content=None))
+            await apps.touch(first, messages=0, tokens=5, first_message="Hello ☕ there")
+            await apps.fork(org, first.id, with_events=True)
+            await apps.fork(org, first.id)
+            await apps.create(org, "bob", id="Session-B" if app else "session-B", state={"x": "Ω"})
+            await apps.create(org, "bob", id=f"session_b-{app or 'none'}")
+
+
+def _export(url: str, path: Path) -> bytes:
+    assert main(["--url", url, "export", "--output", str(path)]) == 0
+    return path.read_bytes()
+
+
+def _import(url: str, path: Path) -> None:
+    migrate(url)
+    assert main(["--url", url, "import", "--input", str(path)]) == 0
+
+
+def _assert_canonical(data: bytes) -> list[dict[str, Any]]:
+    lines = data.decode("utf-8").split("\n")
+    assert lines.pop() == ""
+    records = [json.loads(line) for line in lines]
+    assert [dumps(record) for record in records] == lines
+    assert records[0] == {"format": "durable-sessions", "type": "header", "version": 1}
+    return records
+
+
+@pytest.mark.sqlite
+@pytest.mark.postgres
+def test_sqlite_export_imports_into_postgres_and_exports_the_same_bytes(
+    tmp_path: Path, fresh_pg_url: Callable[[], str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    sqlite_url = f"sqlite+aiosqlite:///{tmp_path / 'source.db'}"
+    migrate(sqlite_url)
+    with_manager(sqlite_url, _seed_everything)
+    original = _export(sqlite_url, tmp_path / "sqlite.jsonl")
+    records = _assert_canonical(original)
+    kinds = [record["type"] for record in records]
+    assert kinds.count("session") == 7 * 2 * 5
+    assert kinds.count("event") == 7 * 2 * 6
+    assert kinds.count("user_state") == 7 * 2 * 2
+    assert kinds.count("app_state") == 7 * 2
+
+    pg_url = fresh_pg_url()
+    _import(pg_url, tmp_path / "sqlite.jsonl")
+    assert _export(pg_url, tmp_path / "postgres.jsonl") == original
+
+    # The imported sessions are live: state reads back and the transcript carries on.
+    session_id = next(r["id"] for r in records if r["type"] == "session" and r["event_seq"] == 3)
+    org_id = next(r["org_id"] for r in records if r.get("id") == session_id)
+
+    async def carry_on(manager: Manager) -> int:
+        session = await manager.get(org_id, session_id)
+        assert session.state["nested"]["z"][3] == {"é": "ü"}
+        return (await manager.append_event(session, Event(author="agent"))).seq
+
+    assert with_manager(pg_url, carry_on) == 4
+    capsys.readouterr()
+
+
+@pytest.mark.sqlite
+@pytest.mark.postgres
+def test_postgres_export_imports_into_sqlite_and_exports_the_same_bytes(
+    tmp_path: Path, fresh_pg_url: Callable[[], str]
+) -> None:
+    pg_url = fresh_pg_url()
+    migrate(pg_url)
+    with_manager(pg_url, _seed_everything)
+    original = _export(pg_url, tmp_path / "postgres.jsonl")
+    _assert_canonical(original)
+
+    sqlite_url = f"sqlite+aiosqlite:///{tmp_path / 'copy.db'}"
+    _import(sqlite_url, tmp_path / "postgres.jsonl")
+    assert _export(sqlite_url, tmp_path / "sqlite.jsonl") == original
+    again = fresh_pg_url()
+    _import(again, tmp_path / "sqlite.jsonl")
+    assert _export(again, tmp_path / "again.jsonl") == original
+
+
+def test_tiny_pages_chunks_and_batches_give_the_same_bytes(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    migrate(db_url)
+    with_manager(db_url, _seed_everything)
+    expected = _export(db_url, tmp_path / "default.jsonl")
+    # Pages of 3 rows, 2 events per query (so each 3-event transcript is read in ranges),
+    # inserts of 2 rows: every boundary of the keyset, the chunks and the batches is crossed.
+    monkeypatch.setattr(transfer, "PAGE_SIZE", 3)
+    monkeypatch.setattr(transfer, "EVENT_CHUNK", 2)
+    monkeypatch.setattr(transfer, "BATCH_SIZE", 2)
+    assert _export(db_url, tmp_path / "tiny.jsonl") == expected
+    copy = f"sqlite+aiosqlite:///{tmp_path / 'copy.db'}"
+    _import(copy, tmp_path / "tiny.jsonl")
+    assert _export(copy, tmp_path / "copy.jsonl") == expected
+
+
+@pytest.mark.sqlite
+def test_export_to_stdout_and_import_from_stdin(tmp_path: Path) -> None:
+    source = f"sqlite+aiosqlite:///{tmp_path / 'a.db'}"
+    target = f"sqlite+aiosqlite:///{tmp_path / 'b.db'}"
+    migrate(source)
+    migrate(target)
+    with_manager(source, _seed_conversations)
+    exported = run("--url", source, "export")
+    assert exported.returncode == 0
+    assert exported.stderr.decode() == (
+        "Exported 3 sessions, 3 events, 1 user: and 1 app: state rows.\n"
+    )
+    _assert_canonical(exported.stdout)
+    imported = run("--url", target, "import", stdin=exported.stdout)
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout == b"Imported 3 sessions, 3 events, 1 user: and 1 app: state rows.\n"
+    assert run("--url", target, "export").stdout == exported.stdout
+
+
+def _session(session_id: str, **changes: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "type": "session", "org_id": "acme", "id": session_id, "user_id": "ada",
+        "app_name": "support", "title": "", "state": {"k": 1}, "parent_id": None,
+        "created_at": "2025-01-02T03:04:05.000006Z", "updated_at": "2025-01-02T03:04:05.000006Z",
+        "message_count": 1, "token_total": 2, "event_seq": 1, "version": 2,
+    }  # fmt: skip
+    record.update(changes)
+    return record
+
+
+def _event(session_id: str, **changes: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "type": "event", "org_id": "acme", "session_id": session_id, "seq": 1,
+        "id": f"e-{session_id}", "author": "ada", "invocation_id": "", "content": "hi",
+        "state_delta": {}, "tokens": 2, "timestamp": "2025-01-02T03:04:05Z",
+    }  # fmt: skip
+    record.update(changes)
+    return record
+
+
+HEADER = dumps({"format": "durable-sessions", "type": "header", "version": 1})
+
+
+def _bad(record: dict[str, Any], **changes: Any) -> str:
+    return dumps({**record, **changes})
+
+
+S3, E2 = _session("s3"), _event("s2")
+MALFORMED = [
+    pytest.param("{not json", "not valid JSON", id="bad-json"),
+    pytest.param('["a list"]', "expected a JSON object", id="not-an-object"),
+    pytest.param(_bad(S3, type="sesion"), "unknown record type 'sesion'", id="unknown-type"),
+    pytest.param(dumps({k: v for k, v in S3.items() if k != "version"}),
+                 "missing the field 'version'", id="missing-field"),
+    pytest.param(_bad(S3, colour="red"), "unknown field 'colour'", id="unknown-field"),
+    pytest.param(_bad(S3, state={"k": "\u0000"}), "NUL", id="nul-in-state"),
+    pytest.param(_bad(S3, state={"k": float("nan")}), "not a JSON number", id="nan"),
+    pytest.param(_bad(S3, state={"temp:k": 1}), "temp:", id="temp-key"),
+    pytest.param(_bad(S3, state={"user:k": 1}), "not private", id="shared-key"),
+    pytest.param(_bad(S3, created_at="yesterday"), "not an ISO-8601", id="bad-time"),
+    pytest.param(_bad(S3, created_at="2025-01-02T03:04:05"), "no time zone", id="naive-time"),
+    pytest.param(_bad(S3, version=-1), "non-negative", id="negative-count"),
+    pytest.param(_bad(S3, id=""), "must not be empty", id="empty-id"),
+    pytest.param(dumps(_event("s1")), "does not follow that session", id="stray-event"),
+    pytest.param(_bad(E2, seq=2), "at most the session's event_seq 1", id="seq-too-high"),
+    pytest.param(dumps(E2).replace('"hi"', '"\\udc80"'), "surrogate", id="lone-surrogate"),
+    pytest.param(_bad(E2, state_delta={"temp:k": 1}), "never stored", id="temp-delta"),
+    pytest.param(dumps(_session("s1")), "already exists on line 2",
+                 id="duplicate"),
+    pytest.param(HEADER, "a header may only be the first line", id="second-header"),
+    pytest.param("", "empty line", id="empty-line"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("line", "problem"), MALFORMED)
+def test_import_refuses_a_malformed_line_and_writes_nothing(
+    line: str, problem: str, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    migrate(db_url)
+    lines = [HEADER, dumps(_session("s1")), dumps(_event("s1")), dumps(_session("s2")), line]
+    source = tmp_path / "broken.jsonl"
+    source.write_text("\n".join([*lines, dumps(_event("s2"))]) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    code, out, err = cli(capsys, "--url", db_url, "import", "--input", str(source))
+    assert (code, out) == (1, "")
+    error = one_error_line(err)
+    assert error.startswith(f"{PROG}: error: line 5: ")
+    assert problem in error
+    assert error.endswith("nothing was imported")
+    assert _export(db_url, tmp_path / "after.jsonl") == (HEADER + "\n").encode()
+
+
+def test_import_refuses_a_file_without_header_and_ids_already_stored(
+    db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    migrate(db_url)
+    headless = tmp_path / "headless.jsonl"
+    headless.write_text(dumps(_session("s1")) + "\n", encoding="utf-8")
+    code, _, err = cli(capsys, "--url", db_url, "import", "-i", str(headless))
+    assert code == 1
+    assert "line 1: not a durable-sessions export" in one_error_line(err)
+
+    good = tmp_path / "good.jsonl"
+    good.write_text(f"{HEADER}\n{dumps(_session('s1'))}\n{dumps(_event('s1'))}\n", encoding="utf-8")
+    assert cli(capsys, "--url", db_url, "import", "-i", str(good))[0] == 0
+    before = _export(db_url, tmp_path / "before.jsonl")
+    code, _, err = cli(capsys, "--url", db_url, "import", "-i", str(good))
+    assert code == 1
+    clash = "line 2: session 's1' of organisation 'acme' already exists (in the database, or"
+    assert clash in one_error_line(err)
+    assert _export(db_url, tmp_path / "after.jsonl") == before
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    code, _, err = cli(capsys, "--url", db_url, "import", "-i", str(empty))
+    assert code == 1
+    assert "the input is empty" in one_error_line(err)
+
+
+# -- errors a user makes -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--url", "::not a url s3cret", "list"], "the database URL is not valid"),
+        (["--url", "mysql://ada:s3cret@db/x", "list"], "unsupported database URL scheme 'mysql'"),
+        (["--url", "postgresql://ada:s3cret@127.0.0.1:1/x", "list"], "cannot use the database at "
+         "postgresql+asyncpg://ada:***@127.0.0.1:1/x (ConnectionRefusedError"),
+        (["--url", "postgresql://ada:s3cret@127.0.0.1:1/x", "migrate"], "ConnectionRefusedError"),
+    ],
+)  # fmt: skip
+def test_url_and_connection_errors_are_one_line_without_the_password(
+    argv: list[str], message: str
+) -> None:
+    done = run(*argv)
+    assert done.returncode == 1
+    line = one_error_line(done.stderr.decode())
+    assert message in line
+    assert "s3cret" not in line
+    assert done.stdout == b""
+
+
+@pytest.mark.sqlite
+def test_a_missing_sqlite_file_is_not_created_by_reading_commands(tmp_path: Path) -> None:
+    done = run("list", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "there is no database file 'durable-sessions.db'" in one_error_line(done.stderr.decode())
+    assert not (tmp_path / "durable-sessions.db").exists()
+
+
+@pytest.mark.postgres
+def test_an_unmigrated_postgres_database_is_one_line(
+    fresh_pg_url: Callable[[], str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli(capsys, "--url", fresh_pg_url(), "show", "x")
+    assert code == 1
+    assert one_error_line(err) == (
+        f"{PROG}: error: the database schema is at no revision, this version needs 0001; "
+        f"run `{PROG} migrate`"
+    )
+
+
+@pytest.mark.sqlite
+def test_an_unknown_id_in_a_child_process_is_one_line(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
+    migrate(url)
+    for argv in (["show", "nope"], ["fork", "nope"], ["delete", "nope"]):
+        done = run("--url", url, *argv)
+        assert done.returncode == 1
+        assert one_error_line(done.stderr.decode()) == (
+            f"{PROG}: error: session 'nope' not found in organisation 'default'"
+        )
+
+
+@pytest.mark.sqlite
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = cli(capsys, "list", "--limit", "many")
+    assert code == 2
+    assert "expected a whole number" in err
+    assert cli(capsys)[0] == 2
+    assert cli(capsys, "--version")[0] == 0
+
+
+@pytest.mark.sqlite
+def test_a_missing_rich_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
+    migrate(url)
+    for name in [n for n in sys.modules if n == "rich" or n.startswith("rich.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delitem(sys.modules, "durable_sessions.demo", raising=False)
+    monkeypatch.setitem(sys.modules, "rich", None)  # makes `import rich` fail
+    code, _, err = cli(capsys, "--url", url, "list")
+    assert code == 1
+    assert "pip install 'durable-sessions[cli]'" in one_error_line(err)
+    assert cli(capsys, "--url", url, "check")[0] == 0  # migrations need no rich
+
+
+# -- a terminal, and a large database ------------------------------------------------------
+
+
+@pytest.mark.sqlite
+def test_progress_bars_on_a_terminal_leave_clean_output(tmp_path: Path) -> None:
+    import pty
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
+    migrate(url)
+    with_manager(url, _seed_conversations)
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "durable_sessions", "--url", url, "export", "-o", "out.jsonl"],
+            cwd=tmp_path, stdout=follower, stderr=follower, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(follower)
+        screen = b""
+        with contextlib.suppress(OSError):  # EIO once the child has closed its end
+            while chunk := os.read(leader, 65536):
+                screen += chunk
+        os.close(leader)
+    assert done.returncode == 0, screen
+    assert b"Traceback" not in screen
+    assert b"Exported 3 sessions" in screen
+    _assert_canonical((tmp_path / "out.jsonl").read_bytes())
+
+
+def _write_big_export(path: Path, count: int) -> None:
+    stamp = "2025-01-02T03:04:05.123456Z"
+    with path.open("w", encoding="utf-8") as out:
+        out.write(HEADER + "\n")
+        for i in range(count):
+            sid = f"s{i:07d}"
+            events = 1 if i % 10 == 0 else 0
+            out.write(dumps(_session(sid, org_id="bulk", user_id=f"u{i % 100:02d}", state={"i": i},
+                                     created_at=stamp, updated_at=stamp, event_seq=events,
+                                     message_count=events)) + "\n")  # fmt: skip
+            if events:
+                out.write(dumps(_event(sid, org_id="bulk", timestamp=stamp)) + "\n")
+        for user in range(100):
+            row = {"type": "user_state", "org_id": "bulk", "app_name": "support", "key": "lang",
+                   "user_id": f"u{user:02d}", "value": "en", "updated_at": stamp}  # fmt: skip
+            out.write(dumps(row) + "\n")
+
+
+MEASURE = """
+import sys
+from pathlib import Path
+from durable_sessions.cli import main
+
+def status(field):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])  # KiB
+
+assert main(sys.argv[1:3] + ["check"]) == 0  # load every module and open the database once
+Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
+before = status("VmRSS")
+code = main(sys.argv[1:])
+print(code, (status("VmHWM") - before) // 1024)
+"""
+
+
+def _peak_growth_mib(*argv: str) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, *argv], capture_output=True, timeout=600, check=True
+    )
+    code, growth = done.stdout.splitlines()[-1].split()
+    assert code == b"0", done.stderr
+    return int(growth)
+
+
+@pytest.mark.slow
+@pytest.mark.sqlite
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_memory_stays_flat_exporting_and_importing_100_000_sessions(tmp_path: Path) -> None:
+    growth: dict[int, tuple[int, int]] = {}
+    for count in (10_000, 100_000):
+        source, copy = tmp_path / f"{count}.jsonl", tmp_path / f"{count}-again.jsonl"
+        _write_big_export(source, count)
+        url = f"sqlite+aiosqlite:///{tmp_path / f'{count}.db'}"
+        migrate(url)
+        imported = _peak_growth_mib("--url", url, "import", "-i", str(source))
+        exported = _peak_growth_mib("--url", url, "export", "-o", str(copy))
+        assert copy.read_bytes() == source.read_bytes()
+        growth[count] = (imported, exported)
+    small, large = growth[10_000], growth[100_000]
+    # Ten times the sessions, the same memory: a few MiB of noise, nowhere near 10x.
+    print(growth)
+    assert large[0] <= small[0] + 8, growth
+    assert large[1] <= small[1] + 8, growth
+    assert max(large) < 64, growth

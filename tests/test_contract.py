@@ -947,3 +947,49 @@ async def test_delete_user_erases_sessions_events_and_user_state(
     assert (await manager.get(ORG, bystander.id)).state == {"user:b": 1, "app:a": 1}
     assert (await manager.get(OTHER_ORG, elsewhere.id)).state == {"user:u": 1}
     assert await manager.delete_user(ORG, USER) == 2  # the two made by shared_state_of
+
+
+# -- conditional appends ----------------------------------------------------------------------
+
+
+async def test_an_append_can_require_the_version_the_caller_holds(
+    manager: Manager, store: Store
+) -> None:
+    session = await manager.create(ORG, USER, state={"k": 0})
+    first = await store.append_event(
+        ORG, session.id, Event("user", content="one"), expected_version=session.version
+    )
+    assert first.seq == 1
+    assert (await store.get(ORG, session.id)).version == session.version + 1
+
+    with pytest.raises(StaleSessionError):
+        await store.append_event(
+            ORG,
+            session.id,
+            Event("user", content="two", state_delta={"k": 1, "user:u": 1}, tokens=5),
+            expected_version=session.version,  # one behind now
+        )
+    after = await store.get(ORG, session.id)
+    assert [e.content for e in await store.list_events(ORG, session.id)] == ["one"]
+    assert (after.message_count, after.token_total, after.version) == (1, 0, session.version + 1)
+    assert after.state == {"k": 0}
+
+    with pytest.raises(SessionNotFoundError):
+        await store.append_event(ORG, "missing", Event("user"), expected_version=1)
+
+
+async def test_of_two_appends_expecting_one_version_exactly_one_lands(
+    manager: Manager, store: Store
+) -> None:
+    session = await manager.create(ORG, USER)
+    results = await asyncio.gather(
+        *(
+            store.append_event(
+                ORG, session.id, Event("user", content=n), expected_version=session.version
+            )
+            for n in range(2)
+        ),
+        return_exceptions=True,
+    )
+    assert sorted(type(r).__name__ for r in results) == ["Event", "StaleSessionError"]
+    assert len(await store.list_events(ORG, session.id)) == 1

@@ -31,10 +31,8 @@ Requires the ``adk`` extra: ``pip install "durable-sessions[adk]"``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import weakref
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -61,7 +59,12 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from .context import current_org_id
-from .errors import InvalidArgumentError, SessionExistsError, SessionNotFoundError
+from .errors import (
+    InvalidArgumentError,
+    SessionExistsError,
+    SessionNotFoundError,
+    StaleSessionError,
+)
 from .model import Event, Filter, Session, new_id
 from .state import TEMP_PREFIX, validate_id
 from .store import Store
@@ -156,9 +159,6 @@ class DurableSessionService(BaseSessionService):
     def __init__(self, store: Store, *, org_id: str | None = None) -> None:
         self.store = store
         self._org_id = None if org_id is None else validate_id("org_id", org_id)
-        self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
-            weakref.WeakValueDictionary()
-        )
 
     def _org(self) -> str:
         """Return the organisation of this call.
@@ -167,13 +167,6 @@ class DurableSessionService(BaseSessionService):
             MissingScopeError: no org id was given and none is bound in the context.
         """
         return self._org_id if self._org_id is not None else current_org_id()
-
-    def _lock(self, org_id: str, session_id: str) -> asyncio.Lock:
-        key = (org_id, session_id)
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        return lock
 
     async def _owned(
         self, org_id: str, app_name: str, user_id: str, session_id: str
@@ -336,12 +329,15 @@ class DurableSessionService(BaseSessionService):
             }
         org_id = self._org()
         record = _to_record(event)
-        async with self._lock(org_id, session.id):
-            version = await self._check_current(org_id, session)
-            try:
-                await self.store.append_event(org_id, session.id, record)
-            except SessionNotFoundError:
-                raise _not_found(session.id) from None
+        version = await self._check_current(org_id, session)
+        try:
+            # The store checks the version in the same statement as the append, so a writer
+            # in another process holding the same revision cannot slip in between.
+            await self.store.append_event(org_id, session.id, record, expected_version=version)
+        except SessionNotFoundError:
+            raise _not_found(session.id) from None
+        except StaleSessionError:
+            raise _STALE_ERROR(_STALE_MESSAGE) from None
         session._storage_update_marker = _marker(org_id, version + 1)
         session.last_update_time = event.timestamp
         if event.actions and event.actions.state_delta:
@@ -350,22 +346,25 @@ class DurableSessionService(BaseSessionService):
         return event
 
     async def _check_current(self, org_id: str, session: AdkSession) -> int:
-        """Return the stored version, or raise if ``session`` is not its latest revision."""
+        """Return the version ``session`` was loaded at, or raise if it is not current.
+
+        A session this service loaded carries its version: the store checks it when
+        appending, with no read first. Any other session object is checked against storage.
+        """
         marker = session._storage_update_marker or ""
         ours = marker.startswith(_MARKER_PREFIX)
-        if ours and marker[len(_MARKER_PREFIX) :].partition(":")[2] != org_id:
-            raise _not_found(session.id)  # loaded in another organisation
+        if ours:
+            version, _, marked_org = marker[len(_MARKER_PREFIX) :].partition(":")
+            if marked_org != org_id:
+                raise _not_found(session.id)  # loaded in another organisation
+            return int(version)
         stored = await self._owned(org_id, session.app_name, session.user_id, session.id)
         if stored is None:
             raise _not_found(session.id)
-        if ours:
-            if marker != _marker(org_id, stored.version):
-                raise _STALE_ERROR(_STALE_MESSAGE)
-        else:
-            # A session object this service did not load: current if it ends with the
-            # newest stored event (or both have none), as ADK's database service checks.
-            last = await self.store.list_events(org_id, session.id, limit=1)
-            known = session.events[-1].id if session.events else None
-            if (last[0].id if last else None) != known:
-                raise _STALE_ERROR(_STALE_MESSAGE)
+        # A session object this service did not load: current if it ends with the newest
+        # stored event (or both have none), as ADK's database service checks.
+        last = await self.store.list_events(org_id, session.id, limit=1)
+        known = session.events[-1].id if session.events else None
+        if (last[0].id if last else None) != known:
+            raise _STALE_ERROR(_STALE_MESSAGE)
         return stored.version

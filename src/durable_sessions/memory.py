@@ -12,6 +12,7 @@ from .model import Event, Filter, Session, new_id, utcnow
 from .prepare import (
     check_after,
     check_count,
+    check_expected,
     check_limit,
     check_max_bytes,
     check_older_than,
@@ -156,10 +157,20 @@ class InMemoryStore:
             found = found[: filter.limit]
         return [replace(m, state={}, events=[]) for m in found]
 
-    async def append_event(self, org_id: str, session_id: str, event: Event) -> Event:
-        """Append an event and apply its state delta atomically."""
+    async def append_event(
+        self,
+        org_id: str,
+        session_id: str,
+        event: Event,
+        *,
+        expected_version: int | None = None,
+    ) -> Event:
+        """Append an event and apply its state delta atomically (see ``Store``)."""
+        check_expected(expected_version)
         stored, delta = prepare_event(event, self.max_value_bytes)
         record = self._record(org_id, session_id)
+        if expected_version is not None and record.meta.version != expected_version:
+            raise StaleSessionError(org_id, session_id, expected_version)
         meta = record.meta
         stored.seq = record.events[-1].seq + 1 if record.events else 1
         record.events.append(stored)

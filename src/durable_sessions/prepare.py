@@ -24,6 +24,7 @@ __all__ = [
     "FORKED_FROM",
     "check_after",
     "check_count",
+    "check_expected",
     "check_limit",
     "check_max_bytes",
     "check_older_than",
@@ -61,6 +62,14 @@ def check_limit(limit: int | None) -> None:
     """Check an optional event limit."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise InvalidArgumentError("limit must be None or a non-negative integer")
+
+
+def check_expected(expected_version: int | None) -> None:
+    """Check an optional expected version."""
+    if expected_version is not None and (
+        isinstance(expected_version, bool) or not isinstance(expected_version, int)
+    ):
+        raise InvalidArgumentError("expected_version must be None or an integer")
 
 
 def check_count(name: str, value: int) -> None:

@@ -62,17 +62,28 @@ class Store(Protocol):
         """Return the matching sessions, most recently updated first, without their state."""
         ...
 
-    async def append_event(self, org_id: str, session_id: str, event: Event) -> Event:
+    async def append_event(
+        self,
+        org_id: str,
+        session_id: str,
+        event: Event,
+        *,
+        expected_version: int | None = None,
+    ) -> Event:
         """Append an event and apply its ``state_delta``, atomically.
 
         The stored event gets the session's next ``seq``; the session's ``message_count``
-        grows by one, ``token_total`` by ``event.tokens``, and its version moves on.
+        grows by one, ``token_total`` by ``event.tokens``, and its version moves on. With
+        ``expected_version``, the append happens only if the stored version is still that
+        one (checked in the same transaction), so a writer holding a stale copy is told.
 
         Returns:
             The stored copy of the event, with ``seq`` set and ``temp:`` keys removed.
 
         Raises:
             SessionNotFoundError: no such session in that organisation.
+            StaleSessionError: ``expected_version`` was given and the session moved on;
+                nothing is written.
             InvalidStateError: the content or delta cannot be stored; nothing is written.
         """
         ...

@@ -6,6 +6,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Text,
     and_,
     bindparam,
@@ -14,6 +15,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    or_,
     select,
     true,
     update,
@@ -188,7 +190,10 @@ class Statements:
                 if merge_private is not None
                 else bindparam("v_private_state", type_=JSONValue)
             )
-        return update(S).where(SESSION_KEY).values(values)
+        # Appends may be conditional on the version the caller holds (None: unconditional).
+        expected = bindparam("v_expected", type_=BigInteger)
+        when = or_(expected.is_(None), S.c.version == expected)
+        return update(S).where(SESSION_KEY, when).values(values)
 
     @staticmethod
     def _append_returning() -> list[Any]:

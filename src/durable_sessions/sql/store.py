@@ -19,6 +19,7 @@ from ..model import Event, Filter, Session, new_id, utcnow
 from ..prepare import (
     check_after,
     check_count,
+    check_expected,
     check_limit,
     check_max_bytes,
     check_older_than,
@@ -340,12 +341,21 @@ class SQLStore:
     def _rows(stmt: Any, params: dict[str, Any], make: Any) -> Program[builtins.list[Any]]:
         return [make(row) for row in (yield Query(stmt, params)).rows]
 
-    async def append_event(self, org_id: str, session_id: str, event: Event) -> Event:
-        """Append an event and apply its state delta, atomically."""
+    async def append_event(
+        self,
+        org_id: str,
+        session_id: str,
+        event: Event,
+        *,
+        expected_version: int | None = None,
+    ) -> Event:
+        """Append an event and apply its state delta, atomically (see ``Store``)."""
         check_session(org_id, session_id)
+        check_expected(expected_version)
         stored, delta = prepare_event(event, self.max_value_bytes)
         params: dict[str, Any] = {
             "k_org": org_id, "k_id": session_id, "v_tokens": stored.tokens, "v_now": utcnow(),
+            "v_expected": expected_version,
         }  # fmt: skip
         if self._pg:
             program = self._append_pg(params, stored, delta)
@@ -365,8 +375,13 @@ class SQLStore:
         )  # fmt: skip
         row = (yield Query(self._q.pg_append, params)).first()
         if row is None:
-            raise SessionNotFoundError(params["k_org"], params["k_id"])
+            yield from self._not_appended(params)
         return int(row.event_seq)
+
+    def _not_appended(self, params: dict[str, Any]) -> Program[None]:
+        """Raise why an append wrote nothing: no such session, or not the expected version."""
+        yield from self._require(params["k_org"], params["k_id"])
+        raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"])
 
     def _append_sqlite(
         self, params: dict[str, Any], stored: Event, delta: ScopedDelta
@@ -382,7 +397,7 @@ class SQLStore:
         else:
             row = (yield Query(q.append, params)).first()
         if row is None:
-            raise SessionNotFoundError(org_id, session_id)
+            yield from self._not_appended(params)
         yield Query(
             q.insert_event,
             {

@@ -64,6 +64,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="profile the hot paths (ours and the floor) instead of benchmarking",
     )
     parser.add_argument("--profile-ops", type=int, default=2_000, help="ops per profiled path")
+    parser.add_argument(
+        "--pool-size",
+        type=int,
+        default=16,
+        help="connections each implementation keeps (SQLAlchemy pool_size, for ours and "
+        "ADK alike, overflow 10 on top; the floor's queue); default 16, the highest "
+        "concurrency, so that no implementation opens and closes connections mid-run",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     args = parser.parse_args(argv)
@@ -91,7 +99,13 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             if not args.scaling_only:
                 log(f"== side by side on {backend}: {', '.join(args.workloads)}")
                 rows = await run_side_by_side(
-                    backend, args.workloads, args.concurrency, args.duration, tmpdir, log
+                    backend,
+                    args.workloads,
+                    args.concurrency,
+                    args.duration,
+                    tmpdir,
+                    log,
+                    args.pool_size,
                 )
                 results["side_by_side"] = [
                     r
@@ -135,6 +149,7 @@ def _run_meta(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "command": command,
         "duration": args.duration,
         "concurrency": args.concurrency,
+        "pool_size": args.pool_size,
         "machine": f"{platform.machine()}, {_cores()} cores, {platform.system()}",
         "versions": versions,
     }

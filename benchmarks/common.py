@@ -32,6 +32,8 @@ WORKLOADS = (
     "delete",
 )
 TX_WORDS = ("BEGIN", "COMMIT", "ROLLBACK", "END", "START")
+COUNT_WARMUP = 3
+"""Untimed ops per worker on the counting instance before statements are counted."""
 
 Op = Callable[[], Awaitable[Any]]
 """One measured operation of one worker."""
@@ -142,7 +144,7 @@ class Counters:
 DRIVER = Counters()
 """Driver calls of whatever implementation runs now (one runs at a time)."""
 
-_patched = False
+_ORIGINALS: list[tuple[Any, str, Any]] = []
 
 
 def _count(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -150,35 +152,43 @@ def _count(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         DRIVER.round_trips += 1
         return await fn(*args, **kwargs)
 
-    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
     return wrapper
 
 
-def install_driver_counters() -> None:
-    """Count asyncpg server calls and aiosqlite thread hops, for every implementation."""
-    global _patched
-    if _patched:
+def driver_counting(on: bool) -> None:
+    """Count asyncpg server calls and aiosqlite thread hops (on), or stop counting (off).
+
+    The wrappers are installed only while counting, so timed runs pay nothing for them.
+    """
+    if not on:
+        for owner, name, original in _ORIGINALS:
+            setattr(owner, name, original)
+        _ORIGINALS.clear()
         return
-    _patched = True
+    if _ORIGINALS:
+        return
+    targets: list[tuple[Any, tuple[str, ...]]] = []
     try:
         import asyncpg.connection
         import asyncpg.prepared_stmt
 
-        conn_cls: Any = asyncpg.connection.Connection
-        for name in ("execute", "executemany", "fetch", "fetchrow", "fetchval"):
-            setattr(conn_cls, name, _count(getattr(conn_cls, name)))
-        stmt_cls: Any = asyncpg.prepared_stmt.PreparedStatement
-        for name in ("fetch", "fetchrow", "fetchval", "executemany"):
-            setattr(stmt_cls, name, _count(getattr(stmt_cls, name)))
+        names = ("execute", "executemany", "fetch", "fetchrow", "fetchval")
+        targets.append((asyncpg.connection.Connection, names))
+        names = ("fetch", "fetchrow", "fetchval", "executemany")
+        targets.append((asyncpg.prepared_stmt.PreparedStatement, names))
     except ImportError:
         pass
     try:
         import aiosqlite.core
 
-        aio_cls: Any = aiosqlite.core.Connection
-        aio_cls._execute = _count(aio_cls._execute)
+        targets.append((aiosqlite.core.Connection, ("_execute",)))
     except ImportError:
         pass
+    for owner, names in targets:
+        for name in names:
+            original = owner.__dict__[name]
+            _ORIGINALS.append((owner, name, original))
+            setattr(owner, name, _count(original))
 
 
 def count_statements(engine: AsyncEngine, counters: Counters) -> None:
@@ -209,7 +219,7 @@ class Measurement:
     p50_ms: float = 0.0
     p99_ms: float = 0.0
     statements_per_op: float | None = None
-    round_trips_per_op: float = 0.0
+    round_trips_per_op: float | None = None
     cpu_us_per_op: float = 0.0
     first_error: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -226,18 +236,26 @@ async def measure(
     ops: list[Op],
     *,
     duration: float,
-    counters: Counters | None,
+    counters: Counters | None = None,
+    switch: Callable[[bool], None] | None = None,
     max_ops: int | None = None,
     warmup: int = 5,
+    count_ops: int = 5,
 ) -> dict[str, Any]:
     """Run each worker's op in a loop for ``duration`` seconds, all workers at once.
 
     Each worker first runs ``warmup`` untimed ops (compiled caches, prepared statements,
     pool connections). ``max_ops`` caps the ops of each worker (a finite supply, as for
-    delete). Returns ops, errors, seconds, latencies and per-op counts.
+    delete). Nothing counts during the timed run: statements and round trips are counted
+    afterwards over ``count_ops`` more ops per worker, with ``switch(True)`` routing the
+    ops to an instance whose engine has the statement listener (a listener alone makes
+    SQLAlchemy, and durable-sessions' runner, do extra work). Returns ops, errors,
+    seconds, latencies, CPU and per-op counts.
     """
     errors: list[BaseException] = []
     remaining = [max_ops if max_ops is not None else -1 for _ in ops]
+    # A finite supply keeps enough back for the counting pass after the timed run.
+    reserve = COUNT_WARMUP + count_ops if counters is not None else 0
 
     async def warm(index: int, op: Op) -> None:
         for _ in range(warmup):
@@ -253,9 +271,6 @@ async def measure(
     await asyncio.gather(*(warm(i, op) for i, op in enumerate(ops)))
     errors.clear()
     latencies: list[list[float]] = [[] for _ in ops]
-    if counters is not None:
-        counters.reset()
-    DRIVER.reset()
     start = time.perf_counter()
     cpu_start = time.process_time()
     deadline = start + duration
@@ -263,7 +278,7 @@ async def measure(
     async def worker(index: int, op: Op) -> None:
         lat = latencies[index]
         clock = time.perf_counter
-        while clock() < deadline and remaining[index] != 0:
+        while clock() < deadline and (remaining[index] < 0 or remaining[index] > reserve):
             if remaining[index] > 0:
                 remaining[index] -= 1
             t0 = clock()
@@ -280,6 +295,26 @@ async def measure(
     cpu = time.process_time() - cpu_start
     flat = sorted(x for lat in latencies for x in lat)
     n = len(flat)
+    counted = 0
+    if counters is not None and count_ops:
+        if switch is not None:
+            switch(True)
+        try:
+            # Warm the counting instance (its own pool, caches and prepared statements).
+            await asyncio.gather(
+                *(_some(i, op, COUNT_WARMUP, remaining) for i, op in enumerate(ops))
+            )
+            driver_counting(True)
+            counters.reset()
+            DRIVER.reset()
+            done = await asyncio.gather(
+                *(_some(i, op, count_ops, remaining, errors) for i, op in enumerate(ops))
+            )
+            counted = sum(done)
+        finally:
+            driver_counting(False)
+            if switch is not None:
+                switch(False)
     return {
         "ops": n,
         "errors": len(errors),
@@ -289,10 +324,33 @@ async def measure(
         "p50_ms": percentile(flat, 0.50) * 1000,
         "p99_ms": percentile(flat, 0.99) * 1000,
         "mean_ms": (statistics.fmean(flat) * 1000) if flat else 0.0,
-        "statements_per_op": (counters.statements / n) if (counters and n) else None,
-        "round_trips_per_op": (DRIVER.round_trips / n) if n else 0.0,
+        "statements_per_op": (counters.statements / counted) if counters and counted else None,
+        "round_trips_per_op": (DRIVER.round_trips / counted) if counted else None,
         "cpu_us_per_op": (cpu / n * 1e6) if n else 0.0,
     }
+
+
+async def _some(
+    index: int,
+    op: Op,
+    n: int,
+    remaining: list[int],
+    errors: list[BaseException] | None = None,
+) -> int:
+    """Run up to ``n`` ops of one worker, within its supply; return how many succeeded."""
+    done = 0
+    for _ in range(n):
+        if remaining[index] == 0:
+            break
+        if remaining[index] > 0:
+            remaining[index] -= 1
+        try:
+            await op()
+            done += 1
+        except Exception as exc:
+            if errors is not None:
+                errors.append(exc)
+    return done
 
 
 async def run_parallel(

@@ -23,8 +23,6 @@ from durable_sessions import new_id
 from .common import APP, ORG, Counters, migrate_schema, raw_pg_dsn
 from .workloads import CONTENT, Implementation
 
-POOL_SIZE = 15  # SQLAlchemy's default: pool_size 5 + max_overflow 10
-
 _SHARED_U = (
     "(SELECT coalesce(jsonb_object_agg(key, value), '{}') FROM ds_user_state"
     " WHERE org_id = $1 AND app_name = $3 AND user_id = $4)"
@@ -166,7 +164,7 @@ class FloorPostgres(Implementation):
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[asyncpg.Connection]:
-        if self._idle.empty() and len(self._all) < POOL_SIZE:
+        if self._idle.empty() and len(self._all) < self.pool_size:
             conn = await asyncpg.connect(self._dsn)
             self._all.append(conn)
         else:

@@ -21,7 +21,7 @@ import aiosqlite
 from durable_sessions import new_id
 
 from .common import APP, ORG, Counters, migrate_schema
-from .floor_pg import POOL_SIZE, Handle, _merge, _split
+from .floor_pg import Handle, _merge, _split
 from .workloads import CONTENT, Implementation
 
 INSERT_SESSION = """
@@ -125,7 +125,7 @@ class FloorSqlite(Implementation):
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[aiosqlite.Connection]:
-        if self._idle.empty() and len(self._all) < POOL_SIZE:
+        if self._idle.empty() and len(self._all) < self.pool_size:
             conn = await aiosqlite.connect(self._path, isolation_level=None)
             await conn.execute("PRAGMA busy_timeout = 30000")
             await conn.execute("PRAGMA foreign_keys = ON")

@@ -35,17 +35,25 @@ class Adk(Implementation):
         super().__init__()
         self.counters = Counters()
         self.service: DatabaseSessionService | None = None
+        self._twins: list[DatabaseSessionService] = []
 
     async def open(self, url: str) -> None:
         # From a URL, as documented; ADK then adds pool_pre_ping on Postgres by itself.
-        service = DatabaseSessionService(db_url=url)
-        await service.prepare_tables()
-        count_statements(service.db_engine, self.counters)
-        self.service = service
+        # Two services on the database: one timed, one with the statement listener.
+        for counted in (False, True):
+            service = DatabaseSessionService(db_url=url, pool_size=self.pool_size)
+            await service.prepare_tables()
+            if counted:
+                count_statements(service.db_engine, self.counters)
+            self._twins.append(service)
+        self.counting(False)
+
+    def counting(self, on: bool) -> None:
+        self.service = self._twins[1 if on else 0]
 
     async def close(self) -> None:
-        if self.service is not None:
-            await self.service.close()
+        for service in self._twins:
+            await service.close()
 
     @property
     def svc(self) -> DatabaseSessionService:

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from durable_sessions import Filter, Manager, SessionService, SQLStore
+from durable_sessions import Event, Filter, Manager, SessionService, SQLStore
 
 from .common import (
     APP,
@@ -29,11 +29,11 @@ from .common import (
     Counters,
     Database,
     count_statements,
-    install_driver_counters,
+    driver_counting,
     new_tmpdir,
 )
 from .scaling import READER, Seeder
-from .workloads import state_for
+from .workloads import CONTENT, state_for
 
 PATHS = ("get", "save", "append_event", "list_events20", "list50")
 # (substring of the file path or builtin's name, bucket); the first match wins.
@@ -86,9 +86,7 @@ def bucket_of(filename: str, func: str) -> str:
     return "Python stdlib / other"
 
 
-async def _cpu(op: Callable[[], Awaitable[Any]], n: int, counters: Counters) -> dict[str, float]:
-    counters.reset()
-    DRIVER.reset()
+async def _cpu(op: Callable[[], Awaitable[Any]], n: int) -> dict[str, float]:
     wall, proc, main = time.perf_counter(), time.process_time(), time.thread_time()
     for _ in range(n):
         await op()
@@ -100,9 +98,19 @@ async def _cpu(op: Callable[[], Awaitable[Any]], n: int, counters: Counters) -> 
         "cpu_us": proc / n * 1e6,
         "main_cpu_us": main / n * 1e6,
         "worker_cpu_us": max(0.0, proc - main) / n * 1e6,
-        "statements": counters.statements / n,
-        "round_trips": DRIVER.round_trips / n,
     }
+
+
+async def _count(op: Callable[[], Awaitable[Any]], n: int, counters: Counters) -> dict[str, float]:
+    driver_counting(True)
+    counters.reset()
+    DRIVER.reset()
+    try:
+        for _ in range(n):
+            await op()
+    finally:
+        driver_counting(False)
+    return {"statements": counters.statements / n, "round_trips": DRIVER.round_trips / n}
 
 
 async def _profile(op: Callable[[], Awaitable[Any]], n: int) -> tuple[dict[str, float], list[Any]]:
@@ -132,22 +140,12 @@ def _short(filename: str) -> str:
     return filename
 
 
-async def _ours_paths(url: str, backend: str) -> tuple[dict[str, Any], Counters, Any]:
-    engine = create_async_engine(url)
-    store = SQLStore(engine)
-    await store.migrate()
-    await Seeder(engine, backend).fixtures()
-    counters = Counters()
-    count_statements(engine, counters)
+async def _ours_paths(store: SQLStore) -> dict[str, Callable[[], Awaitable[Any]]]:
     manager = Manager(store, app_name=APP)
     service = SessionService(store, org_id=ORG)
     session = await manager.create(ORG, "u0", state=state_for(0, 0))
     writer = await manager.create(ORG, "u1", state=state_for(1, 0))
     appender = await manager.create(ORG, "u2", state=state_for(2, 0))
-    from durable_sessions import Event
-
-    from .workloads import CONTENT
-
     seq = iter(range(1, 10**9))
     reader = f"{READER}-000000001"
 
@@ -173,14 +171,13 @@ async def _ours_paths(url: str, backend: str) -> tuple[dict[str, Any], Counters,
     async def list50() -> None:
         await manager.list(Filter(ORG, user_id=LIST_USER, app_name=APP, limit=50))
 
-    paths = {
+    return {
         "get": get,
         "save": save,
         "append_event": append_event,
         "list_events20": list_events20,
         "list50": list50,
     }
-    return paths, counters, engine
 
 
 async def _floor_paths(url: str, backend: str) -> tuple[dict[str, Any], Counters, Any]:
@@ -216,7 +213,6 @@ async def run_profile(
 ) -> None:
     from .profile_report import write_profile
 
-    install_driver_counters()
     tmpdir = new_tmpdir()
     results: dict[str, Any] = {}
     for backend in backends:
@@ -224,14 +220,26 @@ async def run_profile(
         for db in dbs:
             await db.create()
         try:
-            ours, ours_counters, engine = await _ours_paths(dbs[0].url, backend)
+            # Timed on an engine without listeners; counted on a second one with the
+            # statement listener (a listener makes SQLAlchemy and our runner do more).
+            engine = create_async_engine(dbs[0].url)
+            counting_engine = create_async_engine(dbs[0].url)
+            store = SQLStore(engine)
+            await store.migrate()
+            await Seeder(engine, backend).fixtures()
+            ours_counters = Counters()
+            count_statements(counting_engine, ours_counters)
+            ours = await _ours_paths(store)
+            ours_counted = await _ours_paths(SQLStore(counting_engine))
             floor, floor_counters, floor_impl = await _floor_paths(dbs[1].url, backend)
             for path in PATHS:
-                for op in (ours[path], floor[path]):
+                for op in (ours[path], floor[path], ours_counted[path]):
                     for _ in range(50):
                         await op()
-                ours_cpu = await _cpu(ours[path], n_ops, ours_counters)
-                floor_cpu = await _cpu(floor[path], n_ops, floor_counters)
+                ours_cpu = await _cpu(ours[path], n_ops)
+                ours_cpu.update(await _count(ours_counted[path], 20, ours_counters))
+                floor_cpu = await _cpu(floor[path], n_ops)
+                floor_cpu.update(await _count(floor[path], 20, floor_counters))
                 split, top = await _profile(ours[path], n_ops)
                 floor_split, _ = await _profile(floor[path], n_ops)
                 results[f"{backend}/{path}"] = {
@@ -248,6 +256,7 @@ async def run_profile(
                     f"  ratio {ours_cpu['cpu_us'] / max(floor_cpu['cpu_us'], 1):5.1f}x"
                 )
             await engine.dispose()
+            await counting_engine.dispose()
             await floor_impl.close()
         finally:
             for db in dbs:

@@ -16,10 +16,12 @@ TARGET_VS_FLOOR = 0.5  # "within 2x of the floor"
 FLOOR_TARGETED = ("get", "save", "append_event")
 NOTES = """\
 Each implementation runs in its own fresh database on the same server, in the same run,
-workload by workload (the order rotates), with SQLAlchemy's default pool (5 + 10 overflow) or
-15 raw connections for the floor. Concurrency c means c tasks in `asyncio.gather` over one
-engine. Ratios are throughput ratios within this run; absolute numbers on a noisy 2-core
-machine move 2-4x between runs.
+workload by workload (the order rotates). Each keeps the same number of connections
+(`--pool-size`, 16 by default: SQLAlchemy's `pool_size` for durable-sessions and ADK, a
+queue of raw connections for the floor); with SQLAlchemy's default of 5 (+10 overflow), 16
+tasks would open and close overflow connections all the time. Concurrency c means c tasks
+in `asyncio.gather` over one engine. Ratios are throughput ratios within this run;
+absolute numbers on a noisy 2-core machine move 2-4x between runs.
 
 - *stmts/op*: SQL statements per operation (SQLAlchemy's `before_cursor_execute` for
   durable-sessions and ADK, counted by hand for the floor), BEGIN/COMMIT/ROLLBACK not counted.

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .common import Database, Measurement, install_driver_counters, measure
+from .common import Database, Measurement, measure
 from .workloads import Implementation
 
 IMPL_ORDER = ("durable-sessions", "google-adk", "floor")
@@ -17,7 +17,7 @@ MAX_DELETE_SUPPLY = 4_000
 """Sessions created per worker, at most, before a delete run."""
 
 
-def make_implementations(backend: str) -> list[Implementation]:
+def make_implementations(backend: str, pool_size: int) -> list[Implementation]:
     from .impl_adk import Adk
     from .impl_ours import Ours
 
@@ -30,7 +30,10 @@ def make_implementations(backend: str) -> list[Implementation]:
         from .floor_sqlite import FloorSqlite
 
         floor = FloorSqlite()
-    return [Ours(), Adk(), floor]
+    impls = [Ours(), Adk(), floor]
+    for impl in impls:
+        impl.pool_size = pool_size
+    return impls
 
 
 async def run_side_by_side(
@@ -40,10 +43,10 @@ async def run_side_by_side(
     duration: float,
     tmpdir: Path,
     log: Callable[[str], None],
+    pool_size: int = 16,
 ) -> list[dict[str, Any]]:
     """Measure every (workload, concurrency, implementation) once; return the rows."""
-    install_driver_counters()
-    impls = make_implementations(backend)
+    impls = make_implementations(backend, pool_size)
     dbs = [Database(backend, label, tmpdir) for label in ("ours", "adk", "floor")]
     rows: list[dict[str, Any]] = []
     create_rate: dict[tuple[str, int], float] = {}
@@ -84,10 +87,13 @@ async def _one(
     supply: int | None = None
     if workload == "delete":
         rate = create_rate.get((impl.name, concurrency), 300.0)
-        supply = min(MAX_DELETE_SUPPLY, int(rate * duration * 1.5 / concurrency) + 10)
+        # What the timed run may use, plus warm-up and the counting pass afterwards.
+        supply = min(MAX_DELETE_SUPPLY, int(rate * duration * 1.5 / concurrency)) + 25
     try:
         ops = await impl.make_ops(workload, concurrency, supply or 0)
-        result = await measure(ops, duration=duration, counters=impl.counters, max_ops=supply)
+        result = await measure(
+            ops, duration=duration, counters=impl.counters, switch=impl.counting, max_ops=supply
+        )
     except Exception as exc:  # one implementation failing must not end the run
         m.errors = 1
         m.first_error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:300]
@@ -102,10 +108,11 @@ async def _one(
 
 def _line(m: Measurement) -> str:
     stmts = "-" if m.statements_per_op is None else f"{m.statements_per_op:.1f}"
+    trips = "-" if m.round_trips_per_op is None else f"{m.round_trips_per_op:.1f}"
     text = (
         f"  {m.backend:8} {m.workload:13} c={m.concurrency:<3} {m.impl:17} "
         f"{m.ops_per_sec:9.1f} ops/s  p50 {m.p50_ms:7.2f} ms  p99 {m.p99_ms:7.2f} ms  "
-        f"stmts {stmts:>4}  rt {m.round_trips_per_op:5.1f}  cpu {m.cpu_us_per_op:7.0f} us"
+        f"stmts {stmts:>4}  rt {trips:>5}  cpu {m.cpu_us_per_op:7.0f} us"
     )
     if m.errors:
         text += f"  ERRORS {m.errors}: {m.first_error[:120]}"

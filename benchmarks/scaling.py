@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import Event, Filter, Manager, SessionService, SQLStore
 
-from .common import APP, LIST_USER, ORG, Counters, Database, Op, count_statements, measure
+from .common import APP, LIST_USER, ORG, Database, Op, measure
 from .workloads import CONTENT
 
 USERS = 1_000
@@ -135,10 +135,9 @@ class Seeder:
 class Target:
     """One database of a given size, with the library's objects over it."""
 
-    def __init__(self, db: Database, engine: AsyncEngine, counters: Counters) -> None:
+    def __init__(self, db: Database, engine: AsyncEngine) -> None:
         self.db = db
         self.engine = engine
-        self.counters = counters
         self.store = SQLStore(engine)
         self.manager = Manager(self.store, app_name=APP)
         self.service = SessionService(self.store, org_id=ORG)
@@ -148,11 +147,9 @@ async def _open(backend: str, tmpdir: Path, label: str, opened: list[Target]) ->
     db = Database(backend, label, tmpdir)
     await db.create()
     engine = create_async_engine(db.url)
-    counters = Counters()
-    target = Target(db, engine, counters)
+    target = Target(db, engine)
     opened.append(target)
     await target.store.migrate()
-    count_statements(engine, counters)
     return target
 
 
@@ -248,11 +245,9 @@ async def _rounds(
     # this shared machine hits one round of every point rather than one whole point.
     results: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for _ in range(ROUNDS):
-        for _axis, size, target, ops in plans:
+        for _axis, size, _target, ops in plans:
             for name, op in ops.items():
-                result = await measure(
-                    [op], duration=duration / ROUNDS, counters=target.counters, warmup=10
-                )
+                result = await measure([op], duration=duration / ROUNDS, warmup=10)
                 results.setdefault((size, name), []).append(result)
     rows = []
     for (size, name), found in results.items():
@@ -264,7 +259,6 @@ async def _rounds(
             "p50_ms": min(r["p50_ms"] for r in found),
             "p99_ms": statistics.median(r["p99_ms"] for r in found),
             "ops_per_sec": max(r["ops_per_sec"] for r in found),
-            "statements_per_op": found[-1]["statements_per_op"],
             "ops": sum(r["ops"] for r in found),
             "errors": sum(r["errors"] for r in found),
         }

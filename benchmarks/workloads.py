@@ -25,6 +25,8 @@ class Implementation(abc.ABC):
 
     name: str = ""
     counters: Counters | None = None
+    pool_size: int = 16
+    """Connections kept open: SQLAlchemy's ``pool_size`` (overflow 10 on top), or the floor's."""
 
     def __init__(self) -> None:
         self._recent: Any = None
@@ -40,6 +42,11 @@ class Implementation(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release connections."""
+
+    def counting(self, on: bool) -> None:
+        """Send the primitives to the instance whose engine counts statements (on) or to
+        the one that is timed (off). The floor counts by hand and has one instance."""
+        del on
 
     # -- primitives ----------------------------------------------------------------------
 

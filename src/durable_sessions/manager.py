@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Generator
 from contextvars import Token
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
@@ -177,6 +177,22 @@ class Manager:
         session.updated_at = utcnow()
         session.version += 1
         return stored
+
+    async def list_events(
+        self,
+        org_id: str,
+        id: str,
+        *,
+        limit: int | None = None,
+        after: datetime | None = None,
+    ) -> builtins.list[Event]:
+        """Return a session's transcript, oldest first (the newest ``limit``, later than
+        ``after``).
+
+        Raises:
+            SessionNotFoundError: no such session in the organisation.
+        """
+        return await self.store.list_events(org_id, id, limit=limit, after=after)
 
     def bind(self, session: Session) -> Binding:
         """Bind a session's org and conversation ids for a ``with`` block."""

@@ -170,7 +170,9 @@ def to_json(value: Any) -> str:
 
 
 def _is_exponent_integral(value: float) -> bool:
-    return value.is_integer() and "e" in repr(value)
+    # Also -0.0: Postgres numbers have no negative zero, so every backend stores 0.0.
+    negative_zero = value == 0 and math.copysign(1.0, value) < 0
+    return value.is_integer() and ("e" in repr(value) or negative_zero)
 
 
 def _has_integral_float(value: Any) -> bool:
@@ -185,7 +187,7 @@ def _has_integral_float(value: Any) -> bool:
 
 def _encode(value: Any) -> str:
     if isinstance(value, float) and _is_exponent_integral(value):
-        return f"{int(value)}.0"
+        return f"{int(value)}.0"  # int(-0.0) == 0
     if isinstance(value, dict):
         items = (json.dumps(k, ensure_ascii=False) + ":" + _encode(v) for k, v in value.items())
         return "{" + ",".join(items) + "}"

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from ..errors import SchemaNotMigratedError, SessionError, StoreError, StoreUnavailableError
 from .compiled import Compiled
 
-__all__ = ["Mode", "Program", "Query", "Result", "Runner", "make_runner"]
+__all__ = ["Mode", "Program", "Query", "Result", "Runner", "make_runner", "translated"]
 
 T = TypeVar("T")
 Mode = Literal["read", "write", "atomic"]

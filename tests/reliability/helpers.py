@@ -83,14 +83,18 @@ def event_view(event: Event) -> tuple[Any, ...]:
     )
 
 
-async def observe_org(store: Store, org_id: str) -> dict[str, Any]:
+async def observe_org(store: Store, org_id: str, *, with_times: bool = True) -> dict[str, Any]:
     """Everything the API shows of one organisation: sessions, merged state, transcripts.
 
     Listing order is kept; each listed session is read with ``get`` (state) and
-    ``list_events`` (transcript).
+    ``list_events`` (transcript). Without ``with_times``, the sessions' own timestamps are
+    left out (two stores never stamp them alike); events keep theirs.
     """
     listed = await store.list(Filter(org_id))
-    out: dict[str, Any] = {"list": [session_view(s) for s in listed], "sessions": {}}
+    out: dict[str, Any] = {
+        "list": [session_view(s, with_times=with_times) for s in listed],
+        "sessions": {},
+    }
     for meta in listed:
         try:
             full = await store.get(org_id, meta.id)
@@ -98,7 +102,7 @@ async def observe_org(store: Store, org_id: str) -> dict[str, Any]:
         except SessionNotFoundError:  # pragma: no cover - nothing deletes concurrently here
             continue
         out["sessions"][meta.id] = {
-            "session": session_view(full),
+            "session": session_view(full, with_times=with_times),
             "events": [event_view(e) for e in events],
         }
     return out

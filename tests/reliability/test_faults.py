@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -51,15 +52,30 @@ async def blocked_behind(admin: Any, locker_pid: int, timeout: float = 10.0) -> 
     raise AssertionError("the writer never blocked on the locked ds_user_state row")
 
 
-async def has_written_session_row(admin: Any, pid: int) -> bool:
-    """Whether backend ``pid`` holds a write lock on ds_sessions (it wrote the session row)."""
-    rows = await admin.fetch(
-        "SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
-        "WHERE l.pid = $1 AND c.relname = 'ds_sessions' AND l.mode = 'RowExclusiveLock' "
-        "AND l.granted",
-        pid,
-    )
-    return bool(rows)
+async def has_written(admin: Any, pid: int, session_id: str | None) -> bool:
+    """Whether backend ``pid`` has already written in its open transaction.
+
+    With a ``session_id``: whether it holds that session's row locked, i.e. updated it (a
+    NOWAIT lock attempt fails). Without: whether it holds a transaction id, which Postgres
+    hands out at a transaction's first write (here, the new session's row).
+    """
+    if session_id is None:
+        return bool(
+            await admin.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE pid = $1 AND locktype = 'transactionid' "
+                "AND mode = 'ExclusiveLock' AND granted",
+                pid,
+            )
+        )
+    try:
+        async with admin.transaction():
+            await admin.execute(
+                "SELECT 1 FROM ds_sessions WHERE org_id = 'org' AND id = $1 FOR UPDATE NOWAIT",
+                session_id,
+            )
+    except asyncpg.exceptions.LockNotAvailableError:
+        return True
+    return False
 
 
 def scoped(n: int) -> dict[str, Any]:
@@ -101,7 +117,7 @@ async def test_postgres_writer_killed_mid_transaction(
         )
         attempt = asyncio.create_task(write(1))
         writer = await blocked_behind(admin, locker.get_server_pid())
-        assert await has_written_session_row(admin, writer)
+        assert await has_written(admin, writer, None if operation == "create" else session.id)
         assert await admin.fetchval("SELECT pg_terminate_backend($1)", writer)
         with pytest.raises(SessionError) as caught:
             await attempt
@@ -238,9 +254,24 @@ def private_cluster() -> Iterator[PrivateCluster]:
         cluster.close()
 
 
+POOL_GAP = (
+    "PostgresRunner.run (sql/runner.py, since the one-hop runner) invalidates only the one "
+    "connection that failed, not the pool as SQLAlchemy does: after a restart each pooled "
+    "connection fails one operation in turn"
+)
+
+
 @pytest.mark.slow
 @pytest.mark.postgres
-@pytest.mark.parametrize("pre_ping", [False, True], ids=["plain-engine", "pool_pre_ping"])
+@pytest.mark.parametrize(
+    "pre_ping",
+    [
+        pytest.param(
+            False, id="plain-engine", marks=pytest.mark.xfail(strict=True, reason=POOL_GAP)
+        ),
+        pytest.param(True, id="pool_pre_ping"),
+    ],
+)
 async def test_store_recovers_after_postgres_restart(
     private_cluster: PrivateCluster, pre_ping: bool, figures: Figures
 ) -> None:
@@ -326,9 +357,9 @@ async def test_store_recovers_after_postgres_restart(
 @pytest.mark.parametrize("wrong", ["database", "role"])
 @pytest.mark.xfail(
     strict=True,
-    reason="SQLStore._translated matches 'does not exist' in any driver message, so a missing "
-    "database or role is reported as SchemaNotMigratedError ('run migrate'), not "
-    "StoreUnavailableError",
+    reason="a connection refused for a missing database or role (raised by engine.connect(), "
+    "before any statement runs) comes out of sql/runner.py's translated() as StoreError "
+    "('the database failed'), not StoreUnavailableError ('could not be reached')",
 )
 async def test_missing_database_or_role_is_store_unavailable(pg_base_url: str, wrong: str) -> None:
     url = make_url(pg_base_url)

@@ -20,11 +20,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from durable_sessions import InMemoryStore, SQLStore, Store
 from reliability.figures import FIGURES_KEY, Figures, render
 from reliability.helpers import reset_tables
+from reliability.jobs import PROCESSES
 
 _T = TypeVar("_T")
-
-PROCESSES = 4
-"""Worker processes of the multi-process scenarios (each scenario uses at most this many)."""
 
 
 @pytest.fixture(scope="session")

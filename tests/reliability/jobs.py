@@ -18,7 +18,10 @@ import workers
 from durable_sessions import Event, Manager, SQLStore, StaleSessionError
 from reliability.helpers import wait_at_barrier
 
-__all__ = ["OWN_JOBS", "in_processes", "run_at_barrier", "scoped_keys"]
+__all__ = ["OWN_JOBS", "PROCESSES", "in_processes", "run_at_barrier", "scoped_keys"]
+
+PROCESSES = 4
+"""Worker processes of the multi-process scenarios (each scenario uses at most this many)."""
 
 
 def scoped_keys(prefix: str, i: int) -> dict[str, Any]:

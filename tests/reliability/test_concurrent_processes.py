@@ -18,10 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import Manager, SQLStore
 from durable_sessions.migrate import current, head
-from reliability.conftest import PROCESSES
 from reliability.figures import Figures
 from reliability.helpers import count_present
-from reliability.jobs import in_processes, scoped_keys
+from reliability.jobs import PROCESSES, in_processes, scoped_keys
 from sqlhelpers import SQL_BACKENDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("backend", SQL_BACKENDS)]

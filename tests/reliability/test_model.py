@@ -52,19 +52,19 @@ BAD_KEYS = st.sampled_from(["", "user:", "nul\x00", "app:\ud800"])
 
 def rarely(good: st.SearchStrategy[Any], bad: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     """Mostly ``good``; one draw in 16 from ``bad`` (both stores must then refuse alike)."""
-    return st.integers(0, 15).flatmap(lambda n: bad if n == 0 else good)
+    # Not 0: hypothesis favours the bounds of a range, which would make ``bad`` common.
+    return st.integers(0, 15).flatmap(lambda n: bad if n == 9 else good)
 
 
 KEYS = rarely(GOOD_KEYS, BAD_KEYS)
 SAFE_FLOATS = st.floats(allow_nan=False, allow_infinity=False).filter(
     lambda f: not (f == 0 and math.copysign(1.0, f) < 0)
 )
-SCALARS = st.none() | st.booleans() | st.integers() | SAFE_FLOATS | st.text(max_size=6)
+TEXT = st.text(st.characters(exclude_characters="\x00"), max_size=6)  # NUL: in BAD_VALUES
+SCALARS = st.none() | st.booleans() | st.integers() | SAFE_FLOATS | TEXT
 JSON_VALUES = st.recursive(
     SCALARS,
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3)
-    ),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(TEXT, children, max_size=3),
     max_leaves=6,
 )
 BAD_VALUES = st.sampled_from([math.nan, math.inf, "nul\x00", "\udc00", (1, 2), {1: "x"}])
@@ -273,6 +273,7 @@ class StoresAgree(RuleBasedStateMachine):
         delta=st.dictionaries(KEYS, VALUES, max_size=3),
         tokens=st.integers(0, 100),
         stamp=STAMPS,
+        expected=st.none() | st.integers(1, 6),
     )
     def append_event(
         self,
@@ -283,6 +284,7 @@ class StoresAgree(RuleBasedStateMachine):
         delta: dict[str, Any],
         tokens: int,
         stamp: datetime,
+        expected: int | None,
     ) -> None:
         self.event_serial += 1
         event_id = f"e{self.event_serial}"
@@ -297,7 +299,9 @@ class StoresAgree(RuleBasedStateMachine):
                 timestamp=stamp,
             )
 
-        self.both(lambda s: s.append_event(org, sid, event()), event_view)
+        self.both(
+            lambda s: s.append_event(org, sid, event(), expected_version=expected), event_view
+        )
 
     @rule(
         org=st.sampled_from(ORGS),

@@ -166,6 +166,7 @@ class InMemoryStore:
         expected_version: int | None = None,
     ) -> Event:
         """Append an event and apply its state delta atomically (see ``Store``)."""
+        check_session(org_id, session_id)  # the same order of checks as SQLStore
         check_expected(expected_version)
         stored, delta = prepare_event(event, self.max_value_bytes)
         record = self._record(org_id, session_id)
@@ -233,9 +234,10 @@ class InMemoryStore:
         with_events: bool = False,
     ) -> Session:
         """Create a child session from a parent's private state (and transcript)."""
-        parent = self._record(org_id, session_id)
+        check_session(org_id, session_id)  # the same order of checks as SQLStore
         child_id = new_id() if new_session_id is None else new_session_id
-        check_session(org_id, child_id)
+        validate_id("new_session_id", child_id)
+        parent = self._record(org_id, session_id)
         if (org_id, child_id) in self._sessions:
             raise SessionExistsError(org_id, child_id)
         now = utcnow()

@@ -226,5 +226,9 @@ class Filter:
             validate_id("app_name", self.app_name, allow_empty=True)
         if self.parent_id is not None:
             validate_id("parent_id", self.parent_id)
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0:
-            raise InvalidArgumentError("limit must be a non-negative integer (0 means no limit)")
+        if (
+            isinstance(self.limit, bool)
+            or not isinstance(self.limit, int)
+            or not 0 <= self.limit < 2**63
+        ):
+            raise InvalidArgumentError("limit must be an integer from 0 (no limit) to 2**63 - 1")

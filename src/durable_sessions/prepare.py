@@ -22,6 +22,8 @@ from .state import (
 
 __all__ = [
     "FORKED_FROM",
+    "MAX_INCREMENT",
+    "MAX_LIMIT",
     "check_after",
     "check_count",
     "check_expected",
@@ -36,6 +38,11 @@ __all__ = [
     "prepare_event",
     "prepare_update",
 ]
+
+MAX_LIMIT = 2**63 - 1
+"""The largest limit accepted: a 64-bit signed integer."""
+MAX_INCREMENT = 2**31 - 1
+"""The largest counter increment accepted, so that 64-bit counters cannot overflow."""
 
 FORKED_FROM = "forked_from"
 """The private state key in which a forked session records its parent's id."""
@@ -60,8 +67,10 @@ def check_max_bytes(max_value_bytes: int | None) -> int | None:
 
 def check_limit(limit: int | None) -> None:
     """Check an optional event limit."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise InvalidArgumentError("limit must be None or a non-negative integer")
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT
+    ):
+        raise InvalidArgumentError(f"limit must be None or an integer from 0 to {MAX_LIMIT}")
 
 
 def check_expected(expected_version: int | None) -> None:
@@ -73,9 +82,9 @@ def check_expected(expected_version: int | None) -> None:
 
 
 def check_count(name: str, value: int) -> None:
-    """Check a counter increment."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgumentError(f"{name} must be a non-negative integer")
+    """Check a counter increment (bounded, so that 64-bit counters never overflow)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INCREMENT:
+        raise InvalidArgumentError(f"{name} must be an integer from 0 to {MAX_INCREMENT}")
 
 
 def check_after(after: datetime | None) -> datetime | None:
@@ -86,7 +95,12 @@ def check_after(after: datetime | None) -> datetime | None:
         raise InvalidArgumentError("after must be a datetime")
     if after.tzinfo is None or after.utcoffset() is None:
         raise InvalidArgumentError("after must be timezone-aware (e.g. datetime.now(timezone.utc))")
-    return after.astimezone(timezone.utc)
+    try:
+        return after.astimezone(timezone.utc)
+    except OverflowError:
+        raise InvalidArgumentError(
+            "the datetime is out of range in UTC (years 1 to 9999)"
+        ) from None
 
 
 def check_older_than(older_than: timedelta) -> timedelta:

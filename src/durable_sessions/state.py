@@ -209,6 +209,8 @@ def copy_json(value: Any) -> Any:
         return {k: copy_json(v) for k, v in value.items()}
     if isinstance(value, list):
         return [copy_json(v) for v in value]
+    if isinstance(value, float) and value == 0:
+        return 0.0  # -0.0 becomes 0.0, as every SQL backend stores it
     return value
 
 

@@ -499,24 +499,7 @@ async def test_bad_numbers_are_refused(scene: Scene, backend: str, figures: Figu
     await finish(scene, figures, "bad input: bad counts, limits, periods", backend)
 
 
-# -- gaps found by this suite, each waiting for a fix in src/ --------------------------------
-
-ALL_BACKENDS = ["memory", "sqlite", "postgres"]
-
-
-def backend_params(xfail_on: set[str], reason: str) -> list[Any]:
-    """The three backends, marked xfail (strict) where the gap shows."""
-    return [
-        pytest.param(
-            name,
-            marks=[
-                getattr(pytest.mark, name),
-                *([pytest.mark.xfail(strict=True, reason=reason)] if name in xfail_on else []),
-            ],
-        )
-        for name in ALL_BACKENDS
-    ]
-
+# -- edge cases that once differed between stores ---------------------------------------------
 
 NUMBERS = [0.5, 3.0, 1e16, -2.5e17, 1.7976931348623157e308, 1e22, 5e-324, 2**70, -(2**63), True]
 
@@ -532,13 +515,6 @@ async def test_numbers_round_trip_with_their_type(store: Store) -> None:
     assert canonical(event.content) == canonical(NUMBERS)
 
 
-ZERO_GAP = (
-    "SQL stores write -0.0 as 0.0 (state.to_json, 'Store -0.0 as 0.0 everywhere'), but "
-    "InMemoryStore keeps -0.0, so memory and SQL read back different values"
-)
-
-
-@pytest.mark.parametrize("backend", backend_params({"memory"}, ZERO_GAP))
 async def test_negative_zero_reads_back_as_zero_everywhere(store: Store) -> None:
     state = {"z": -0.0, "user:z": [-0.0], "app:z": {"x": -0.0}}
     session = await Manager(store).create(ORG, "alice", state=state)
@@ -550,13 +526,6 @@ async def test_negative_zero_reads_back_as_zero_everywhere(store: Store) -> None
     assert [math.copysign(1.0, f) for f in found] == [1.0] * len(found)
 
 
-INT64_GAP = (
-    "counts and limits are not bounded: 2**63 is accepted by memory, fails with a raw "
-    "OverflowError on SQLite and with StoreError (a DataError) on Postgres"
-)
-
-
-@pytest.mark.parametrize("backend", backend_params(set(ALL_BACKENDS), INT64_GAP))
 async def test_counts_beyond_int64_are_invalid_arguments(store: Store) -> None:
     session = await Manager(store).create(ORG, "alice")
     huge = 2**63
@@ -579,13 +548,6 @@ async def test_counts_beyond_int64_are_invalid_arguments(store: Store) -> None:
     assert (stored.message_count, stored.token_total, stored.version) == (0, 0, 1)
 
 
-OVERFLOW_GAP = (
-    "SQLite turns an INTEGER that overflows into a REAL: two increments of 2**62 leave "
-    "token_total = 9.223372036854776e+18, a float, without an error"
-)
-
-
-@pytest.mark.parametrize("backend", backend_params({"sqlite"}, OVERFLOW_GAP))
 async def test_counter_overflow_never_corrupts_the_counter(store: Store) -> None:
     """Increments that overflow a 64-bit counter are refused with a typed error (nothing
     written) or kept exactly; the stored counter is always the int sum of what was kept."""
@@ -602,14 +564,6 @@ async def test_counter_overflow_never_corrupts_the_counter(store: Store) -> None
     assert total == kept
 
 
-ORDER_GAP = (
-    "InMemoryStore checks the event before the org id (append_event) and looks the parent "
-    "up before checking the new id (fork); SQLStore checks ids first, so the same call "
-    "raises InvalidStateError/SessionNotFoundError in memory and InvalidArgumentError in SQL"
-)
-
-
-@pytest.mark.parametrize("backend", backend_params({"memory"}, ORDER_GAP))
 async def test_a_call_with_two_faults_raises_the_same_class_everywhere(store: Store) -> None:
     attempts: list[Attempt] = [
         lambda: store.append_event("", "s", Event("u", content=math.nan)),
@@ -621,13 +575,6 @@ async def test_a_call_with_two_faults_raises_the_same_class_everywhere(store: St
         assert type(caught.value) is InvalidArgumentError
 
 
-DATE_GAP = (
-    "prepare.check_after converts to UTC with astimezone(), which raises a raw OverflowError "
-    "for aware datetimes that fall outside year 1..9999 in UTC"
-)
-
-
-@pytest.mark.parametrize("backend", backend_params(set(ALL_BACKENDS), DATE_GAP))
 async def test_datetimes_out_of_range_in_utc_are_invalid_arguments(store: Store) -> None:
     session = await Manager(store).create(ORG, "alice")
     early = datetime(1, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1)))
@@ -639,14 +586,6 @@ async def test_datetimes_out_of_range_in_utc_are_invalid_arguments(store: Store)
             await store.list_events(ORG, session.id, after=moment)
 
 
-OWNER_GAP = (
-    "SQLStore._update_sqlite writes user:/app: keys under the copy's user_id/app_name instead "
-    "of the stored session's owner (Postgres's one-statement update uses the stored row's): "
-    "a copy with a changed user_id or app_name loses them silently"
-)
-
-
-@pytest.mark.parametrize("backend", backend_params({"sqlite"}, OWNER_GAP))
 @pytest.mark.parametrize("field", ["user_id", "app_name"])
 async def test_save_of_a_copy_with_another_owner_loses_nothing(store: Store, field: str) -> None:
     """Saving a copy whose user_id or app_name was changed either is refused or writes its

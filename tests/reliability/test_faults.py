@@ -254,21 +254,12 @@ def private_cluster() -> Iterator[PrivateCluster]:
         cluster.close()
 
 
-POOL_GAP = (
-    "PostgresRunner.run (sql/runner.py, since the one-hop runner) invalidates only the one "
-    "connection that failed, not the pool as SQLAlchemy does: after a restart each pooled "
-    "connection fails one operation in turn"
-)
-
-
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.parametrize(
     "pre_ping",
     [
-        pytest.param(
-            False, id="plain-engine", marks=pytest.mark.xfail(strict=True, reason=POOL_GAP)
-        ),
+        pytest.param(False, id="plain-engine"),
         pytest.param(True, id="pool_pre_ping"),
     ],
 )
@@ -355,12 +346,6 @@ async def test_store_recovers_after_postgres_restart(
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("wrong", ["database", "role"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="a connection refused for a missing database or role (raised by engine.connect(), "
-    "before any statement runs) comes out of sql/runner.py's translated() as StoreError "
-    "('the database failed'), not StoreUnavailableError ('could not be reached')",
-)
 async def test_missing_database_or_role_is_store_unavailable(pg_base_url: str, wrong: str) -> None:
     url = make_url(pg_base_url)
     if wrong == "database":

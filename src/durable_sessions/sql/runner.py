@@ -53,6 +53,8 @@ class Result:
 Program = Generator[Query, Result, T]
 
 _MISSING_SCHEMA = ("no such table", "no such column", "does not exist")
+# Connection exceptions, authorisation, missing catalog (database), resources, shutdowns.
+_UNAVAILABLE_SQLSTATES = ("08", "28", "3D", "53", "57P")
 _HINT = "run `durable-sessions migrate`, `alembic upgrade head` or `await store.migrate()`"
 
 
@@ -86,9 +88,15 @@ def _translate(operation: str, exc: BaseException) -> SessionError:
         return SchemaNotMigratedError(
             f"{operation}: the database schema is missing or out of date; {_HINT}"
         )
-    if _is_disconnect(orig) or getattr(exc, "connection_invalidated", False):
+    sqlstate = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
+    if (
+        _is_disconnect(orig)
+        or getattr(exc, "connection_invalidated", False)
+        or sqlstate.startswith(_UNAVAILABLE_SQLSTATES)
+    ):
         return StoreUnavailableError(
-            f"{operation}: the connection to the database failed ({name}); nothing was written"
+            f"{operation}: the connection to the database failed ({name}); the operation may "
+            "not have completed: read back before retrying"
         )
     if "database is locked" in text or "database is busy" in text:
         return StoreUnavailableError(
@@ -205,12 +213,21 @@ class PostgresRunner(Runner):
                     return await self._drive(driver, program, log)
                 except BaseException as exc:
                     if _is_disconnect(exc):
-                        # Drop the broken connection so the next operation gets a new one.
-                        await conn.invalidate()
+                        self._invalidate_pool(raw, exc)
                     raise
                 finally:
                     if log:
                         self._emit(conn, log)
+
+    def _invalidate_pool(self, raw: Any, exc: BaseException) -> None:
+        """After a disconnect, retire every pooled connection made before it, as SQLAlchemy
+        does for statements it runs itself (a restarted server dropped them all)."""
+        pool = self.engine.sync_engine.pool
+        invalidate = getattr(pool, "_invalidate", None)
+        if invalidate is not None:
+            invalidate(raw, exc)
+        else:  # pragma: no cover - a future SQLAlchemy without it: retire this one only
+            raw.invalidate(exc)
 
     @staticmethod
     async def _drive(driver: Any, program: Program[T], log: list[Any] | None) -> T:

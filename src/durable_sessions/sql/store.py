@@ -289,7 +289,9 @@ class SQLStore:
         done = (yield Query(self._q.update, params)).first()
         if done is None:
             yield from self._stale(params)
-        yield from self._write_shared(session.org_id, session.app_name, session.user_id, delta, now)
+        # The stored owner, not the copy's: a copy whose user_id or app_name was edited
+        # still writes its shared keys where they belong.
+        yield from self._write_shared(session.org_id, done.app_name, done.user_id, delta, now)
         return int(done.version)
 
     async def delete(self, org_id: str, session_id: str) -> None:

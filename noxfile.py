@@ -52,6 +52,28 @@ def migrations(session: nox.Session) -> None:
 
 
 @nox.session
+def reliability(session: nox.Session) -> None:
+    """Run the reliability suite on memory, SQLite and Postgres; print its figures table."""
+    session.install("-e", ".[sqlite,postgres]")
+    install_group(session, "test")
+    session.run("pytest", "tests/reliability", "-p", "no:randomly", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks: durable-sessions, Google ADK and the raw driver side by side.
+
+    Postgres is the server named by DURABLE_SESSIONS_BENCH_POSTGRES_URL (an admin URL:
+    fresh databases are created and dropped), by default the local one. Arguments go to
+    ``python -m benchmarks``, e.g. ``nox -s bench -- --backend sqlite --duration 1`` or
+    ``nox -s bench -- --scaling --sizes 1000,100000,1000000``.
+    """
+    session.install("-e", ".[sqlite,postgres]")
+    install_group(session, "bench")
+    session.run("python", "-m", "benchmarks", *session.posargs)
+
+
+@nox.session
 def wheel(session: nox.Session) -> None:
     """Build the wheel, install it in a fresh venv and migrate a SQLite file outside the repo."""
     dist = Path(session.create_tmp()) / "wheel-dist"

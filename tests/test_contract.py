@@ -993,3 +993,39 @@ async def test_of_two_appends_expecting_one_version_exactly_one_lands(
     )
     assert sorted(type(r).__name__ for r in results) == ["Event", "StaleSessionError"]
     assert len(await store.list_events(ORG, session.id)) == 1
+
+
+# -- a session with its transcript in one read ------------------------------------------------
+
+
+async def test_get_with_events_reads_state_and_transcript_together(
+    manager: Manager, store: Store
+) -> None:
+    session = await manager.create(ORG, USER, state={"k": 1, "user:u": 2, "app:a": 3})
+    assert (await store.get_with_events(ORG, session.id)).events == []
+    start = datetime(2026, 1, 2, 3, 4, 5, 600001, tzinfo=timezone(timedelta(hours=2)))
+    appended = [
+        await store.append_event(
+            ORG,
+            session.id,
+            Event("user", content={"n": n, "f": 1e16}, timestamp=start + timedelta(seconds=n)),
+        )
+        for n in range(5)
+    ]
+    loaded = await store.get_with_events(ORG, session.id)
+    assert loaded.state == {"k": 1, "user:u": 2, "app:a": 3}
+    assert loaded.events == appended
+    assert all(is_utc(e.timestamp) for e in loaded.events)
+    assert type(loaded.events[0].content["f"]) is float
+
+    newest = await store.get_with_events(ORG, session.id, limit=2)
+    assert [e.seq for e in newest.events] == [4, 5]
+    later = await store.get_with_events(ORG, session.id, after=appended[2].timestamp, limit=9)
+    assert [e.seq for e in later.events] == [4, 5]
+    assert (await store.get_with_events(ORG, session.id, limit=0)).events == []
+    with pytest.raises(SessionNotFoundError):
+        await store.get_with_events(ORG, "missing")
+    with pytest.raises(SessionNotFoundError):
+        await store.get_with_events(OTHER_ORG, session.id)
+    with pytest.raises(InvalidArgumentError):
+        await store.get_with_events(ORG, session.id, after=datetime(2026, 1, 1))

@@ -120,6 +120,21 @@ class InMemoryStore:
         """Return a copy of a session with its state merged."""
         return self._view(self._record(org_id, session_id))
 
+    async def get_with_events(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        after: datetime | None = None,
+    ) -> Session:
+        """Return a copy of a session with its state merged and its events loaded."""
+        check_session(org_id, session_id)
+        events = await self.list_events(org_id, session_id, limit=limit, after=after)
+        session = self._view(self._record(org_id, session_id))
+        session.events = events
+        return session
+
     async def update(self, session: Session) -> Session:
         """Write what changed in the session, if nobody changed it since it was read."""
         delta = prepare_update(session, self.max_value_bytes)

@@ -68,10 +68,11 @@ class SessionService:
         Raises:
             SessionNotFoundError: no such session for this app and user.
         """
-        session = await self._owned(app_name, user_id, session_id)
-        session.events = await self.store.list_events(
+        session = await self.store.get_with_events(
             self.org_id, session_id, limit=num_recent_events, after=after
         )
+        if session.app_name != app_name or session.user_id != user_id:
+            raise SessionNotFoundError(self.org_id, session_id)
         return session
 
     async def list(self, *, app_name: str, user_id: str) -> list[Session]:

@@ -37,6 +37,25 @@ class Store(Protocol):
         """
         ...
 
+    async def get_with_events(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        after: datetime | None = None,
+    ) -> Session:
+        """Return a session as ``get`` does, with its events in ``events``.
+
+        The events are those ``list_events`` returns for ``limit`` and ``after``, read in the
+        same operation (one statement on Postgres).
+
+        Raises:
+            SessionNotFoundError: no such session in that organisation.
+            InvalidArgumentError: ``after`` is naive or ``limit`` is negative.
+        """
+        ...
+
     async def update(self, session: Session) -> Session:
         """Write the session's title and the state keys it set or deleted since it was read.
 

@@ -11,8 +11,10 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     column,
     delete,
+    extract,
     func,
     insert,
     or_,
@@ -20,7 +22,7 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.selectable import CTE
@@ -142,6 +144,36 @@ class Statements:
         if found is None:
             found = self._shapes[key] = self.compile(build())
         return found
+
+    def events_query(self, has_after: bool, has_limit: bool) -> Any:
+        """A session's events (newest first when limited), by (org, session, seq)."""
+        query = select(*EVENT_COLUMNS).where(EVENTS_KEY)
+        if has_after:
+            query = query.where(events.c.timestamp > bindparam("k_after", type_=UTCDateTime))
+        if has_limit:
+            # Newest first along the (org, session, seq) key; callers put them back in order.
+            return query.order_by(events.c.seq.desc()).limit(bindparam("k_limit"))
+        return query.order_by(events.c.seq)
+
+    def pg_get_with_events(self, has_after: bool, has_limit: bool) -> Any:
+        """Postgres: a session, its shared state and its events in one statement.
+
+        The events come as one jsonb array of ``[seq, id, author, invocation_id, content,
+        state_delta, tokens, epoch microseconds]`` rows, oldest first.
+        """
+        chosen = self.events_query(has_after, has_limit).subquery("chosen")
+        micros = cast(extract("epoch", chosen.c.timestamp) * 1_000_000, BigInteger)
+        item = func.jsonb_build_array(
+            *[chosen.c[col.name] for col in EVENT_COLUMNS if col.name != "timestamp"], micros
+        )
+        transcript = (
+            select(func.jsonb_agg(aggregate_order_by(item, chosen.c.seq)))
+            .scalar_subquery()
+            .label("events")
+        )
+        user_agg = self._user_agg(S.c.org_id, S.c.app_name, S.c.user_id)
+        app_agg = self._app_agg(S.c.org_id, S.c.app_name)
+        return select(*META, S.c.state, user_agg, app_agg, transcript).where(SESSION_KEY)
 
     # -- building blocks ---------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, func, select
@@ -35,7 +35,7 @@ from ..state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, scope_of, validate_id
 from .dialect import dialect_ops, install_sqlite_pragmas
 from .runner import Program, Query, Result, make_runner
 from .schema import events, sessions, user_state
-from .statements import EVENT_COLUMNS, META, Statements
+from .statements import META, Statements
 
 __all__ = ["SQLStore"]
 
@@ -72,6 +72,23 @@ def _event(row: Any) -> Event:
         id=row.id,
         timestamp=row.timestamp,
         seq=row.seq,
+    )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _event_from_array(item: list[Any]) -> Event:
+    seq, event_id, author, invocation_id, content, state_delta, tokens, micros = item
+    return Event(
+        author=author,
+        content=content,
+        invocation_id=invocation_id,
+        state_delta=state_delta,
+        tokens=tokens,
+        id=event_id,
+        timestamp=_EPOCH + timedelta(microseconds=micros),
+        seq=seq,
     )
 
 
@@ -252,6 +269,45 @@ class SQLStore:
             raise SessionNotFoundError(org_id, session_id)
         return _session(row, merge_state(row.state, *_shared(row.user_state, row.app_state)))
 
+    async def get_with_events(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        after: datetime | None = None,
+    ) -> Session:
+        """Return a session with its state, and its events in ``events`` (see ``Store``)."""
+        check_session(org_id, session_id)
+        check_limit(limit)
+        after = check_after(after)
+        shape = (after is not None, limit is not None)
+        params = {"k_org": org_id, "k_id": session_id, "k_after": after, "k_limit": limit}
+        if self._pg:
+            stmt = self._q.shape(("get+events", *shape), lambda: self._q.pg_get_with_events(*shape))
+            program = self._get_with_events_pg(stmt, params)
+        else:
+            stmt = self._q.shape(("events", *shape), lambda: self._q.events_query(*shape))
+            program = self._get_with_events_sqlite(stmt, params, limit is not None)
+        return await self._runner.run(program, "read", "get")
+
+    def _get_with_events_pg(self, stmt: Any, params: dict[str, Any]) -> Program[Session]:
+        row = (yield Query(stmt, params)).first()
+        if row is None:
+            raise SessionNotFoundError(params["k_org"], params["k_id"])
+        session = _session(row, merge_state(row.state, *_shared(row.user_state, row.app_state)))
+        session.events = [_event_from_array(item) for item in row.events or ()]
+        return session
+
+    def _get_with_events_sqlite(
+        self, stmt: Any, params: dict[str, Any], newest_first: bool
+    ) -> Program[Session]:
+        session = yield from self._get(params["k_org"], params["k_id"])
+        session.events = [_event(row) for row in (yield Query(stmt, params)).rows]
+        if newest_first:
+            session.events.reverse()
+        return session
+
     async def update(self, session: Session) -> Session:
         """Write the title and the state keys set or deleted since the session was read."""
         delta = prepare_update(session, self.max_value_bytes)
@@ -424,21 +480,8 @@ class SQLStore:
         check_session(org_id, session_id)
         check_limit(limit)
         after = check_after(after)
-
-        def build() -> Any:
-            query = select(*EVENT_COLUMNS).where(
-                events.c.org_id == bindparam("k_org"), events.c.session_id == bindparam("k_id")
-            )
-            if after is not None:
-                query = query.where(
-                    events.c.timestamp > bindparam("k_after", type_=events.c.timestamp.type)
-                )
-            if limit is not None:
-                # Newest first along the (org, session, seq) key, put back in order below.
-                return query.order_by(events.c.seq.desc()).limit(bindparam("k_limit"))
-            return query.order_by(events.c.seq)
-
-        stmt = self._q.shape(("events", after is not None, limit is not None), build)
+        shape = (after is not None, limit is not None)
+        stmt = self._q.shape(("events", *shape), lambda: self._q.events_query(*shape))
         params = {"k_org": org_id, "k_id": session_id, "k_after": after, "k_limit": limit}
         found = await self._runner.run(self._events(stmt, params), "read", "list_events")
         if limit is not None:

@@ -154,3 +154,32 @@ async def test_appends_from_processes_are_gapless(engine: AsyncEngine, backend_u
     stored = await store.get("org", session.id)
     assert {f"p{n}-{i}" for n in range(4) for i in range(50)} <= stored.state.keys()
     assert stored.message_count == 200
+
+
+async def test_forks_taken_during_appends_copy_a_consistent_transcript(
+    engine: AsyncEngine,
+) -> None:
+    store = SQLStore(engine)
+    manager = Manager(store, app_name="app")
+    parent = await manager.create("org", "alice")
+
+    async def appender() -> None:
+        for i in range(40):
+            await store.append_event("org", parent.id, Event("agent", content=i))
+
+    async def forker() -> list[str]:
+        made = []
+        for _ in range(8):
+            made.append((await manager.fork("org", parent.id, with_events=True)).id)
+            await asyncio.sleep(0)
+        return made
+
+    _, children = await asyncio.gather(appender(), forker())
+    for child_id in children:
+        copied = await store.list_events("org", child_id)
+        assert [e.seq for e in copied] == list(range(1, len(copied) + 1))
+        child = await store.get("org", child_id)
+        assert child.message_count == len(copied)
+        nxt = await store.append_event("org", child_id, Event("user", content="next"))
+        assert nxt.seq == len(copied) + 1
+    assert len(await store.list_events("org", parent.id)) == 40

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Text,
     and_,
     bindparam,
@@ -17,6 +18,7 @@ from sqlalchemy import (
     extract,
     func,
     insert,
+    literal,
     or_,
     select,
     true,
@@ -27,6 +29,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.selectable import CTE
 
+from ..prepare import FORKED_FROM
 from .compiled import Compiled, compile_statement
 from .dialect import DialectOps
 from .schema import JSONValue, UTCDateTime, app_state, events, sessions, user_state
@@ -313,3 +316,52 @@ class Statements:
         # delete: the transcript and the session row together.
         gone = delete(events).where(EVENTS_KEY).cte("gone")
         self.pg_delete = c(delete(S).where(SESSION_KEY).returning(S.c.id).add_cte(gone))
+        self.pg_fork = c(self._pg_fork())
+
+    def _pg_fork(self) -> Any:
+        """Postgres: fork as one statement. The child row is made from the parent's, the
+        transcript copied when asked, and the child returned with its shared state. One
+        statement sees one snapshot, so the copied events and ``event_seq`` agree without
+        locking the parent. No row back: the parent is missing or the child id is taken."""
+        with_events = bindparam("v_with_events", type_=Boolean)
+        parent = select(S).where(SESSION_KEY).cte("parent")
+        record = func.jsonb_build_object(literal(FORKED_FROM), bindparam("k_id", type_=Text))
+        counted = [
+            case((with_events, parent.c[name]), else_=literal(0, BigInteger))
+            for name in ("message_count", "token_total", "event_seq")
+        ]
+        row = select(
+            bindparam("k_org"),
+            bindparam("k_child", type_=Text),
+            parent.c.user_id,
+            parent.c.app_name,
+            parent.c.title,
+            parent.c.state.op("||", return_type=JSONValue)(record),
+            bindparam("k_id"),
+            NOW,
+            NOW,
+            *counted,
+            literal(1, BigInteger),
+        ).select_from(parent)
+        columns = [
+            "org_id", "id", "user_id", "app_name", "title", "state", "parent_id", "created_at",
+            "updated_at", "message_count", "token_total", "event_seq", "version",
+        ]  # fmt: skip
+        child = (
+            self.ops.insert_if_absent(S)
+            .from_select(columns, row)
+            .returning(*META, S.c.state)
+            .cte("child")
+        )
+        transcript = select(events.c.org_id, child.c.id, *EVENT_COLUMNS).where(
+            EVENTS_KEY, with_events, events.c.org_id == child.c.org_id
+        )
+        copied = insert(events).from_select(
+            ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], transcript
+        )
+        return select(
+            *[child.c[col.name] for col in META],
+            child.c.state,
+            self._user_agg(child.c.org_id, child.c.app_name, child.c.user_id),
+            self._app_agg(child.c.org_id, child.c.app_name),
+        ).add_cte(copied.cte("copied"))

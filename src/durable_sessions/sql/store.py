@@ -532,8 +532,23 @@ class SQLStore:
         check_session(org_id, session_id)
         child_id = new_id() if new_session_id is None else new_session_id
         validate_id("new_session_id", child_id)
+        if self._pg:
+            params = {
+                "k_org": org_id, "k_id": session_id, "k_child": child_id, "v_now": utcnow(),
+                "v_with_events": with_events,
+            }  # fmt: skip
+            return await self._runner.run(self._fork_pg(params), "atomic", "fork")
         program = self._fork(org_id, session_id, child_id, with_events, utcnow())
         return await self._runner.run(program, "write", "fork")
+
+    def _fork_pg(self, params: dict[str, Any]) -> Program[Session]:
+        child = (yield Query(self._q.pg_fork, params)).first()
+        if child is None:
+            yield from self._require(params["k_org"], params["k_id"])  # the parent is missing
+            raise SessionExistsError(params["k_org"], params["k_child"])
+        return _session(
+            child, merge_state(child.state, *_shared(child.user_state, child.app_state))
+        )
 
     def _fork(
         self, org_id: str, parent_id: str, child_id: str, with_events: bool, now: datetime

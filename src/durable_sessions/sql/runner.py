@@ -9,7 +9,9 @@ is also the one place where driver errors become the library's errors.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import weakref
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -147,10 +149,37 @@ class Runner:
         return bool(self.engine.sync_engine._has_events)
 
 
+_WRITE_LOCKS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _write_lock(engine: AsyncEngine) -> asyncio.Lock:
+    """The lock that queues this process's writers to one SQLite engine, per event loop."""
+    per_loop = _WRITE_LOCKS.setdefault(engine.sync_engine, weakref.WeakKeyDictionary())
+    loop = asyncio.get_running_loop()
+    lock = per_loop.get(loop)
+    if lock is None:
+        lock = per_loop[loop] = asyncio.Lock()
+    return lock
+
+
 class SQLiteRunner(Runner):
-    """Runs a whole program in aiosqlite's worker thread: one thread hop per operation."""
+    """Runs a whole program in aiosqlite's worker thread: one thread hop per operation.
+
+    SQLite admits one writer at a time. Writers of this process queue on an asyncio lock
+    (first come, first served, holding no connection while they wait) rather than in
+    SQLite's busy handler, whose sleeps would stretch their latency; writers in other
+    processes still wait on the busy timeout.
+    """
 
     async def run(self, program: Program[T], mode: Mode, operation: str) -> T:
+        if mode == "read":
+            return await self._run(program, mode, operation)
+        async with _write_lock(self.engine):
+            return await self._run(program, mode, operation)
+
+    async def _run(self, program: Program[T], mode: Mode, operation: str) -> T:
         log: list[tuple[str, Any, bool]] | None = [] if self._watched() else None
         with translated(operation):
             async with self.engine.connect() as conn:

@@ -110,6 +110,20 @@ class UTCDateTime(TypeDecorator[datetime]):
             return value.replace(tzinfo=timezone.utc)
         return value.astimezone(timezone.utc)
 
+    def result_processor(self, dialect: Dialect, coltype: Any) -> Any:
+        if dialect.driver == "asyncpg":
+            return None  # asyncpg already returns timestamptz as an aware UTC datetime
+        if dialect.name == "sqlite":
+            return _sqlite_utc  # one C call instead of SQLAlchemy's parser and ours
+        return super().result_processor(dialect, coltype)
+
+
+def _sqlite_utc(value: Any) -> datetime | None:
+    """Read SQLAlchemy's SQLite timestamp text ("YYYY-MM-DD HH:MM:SS.ffffff", UTC)."""
+    if value is None:
+        return None
+    return datetime.fromisoformat(value).replace(tzinfo=timezone.utc)
+
 
 ID = String(255)
 

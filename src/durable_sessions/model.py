@@ -8,7 +8,6 @@ import secrets
 import threading
 import time
 import unicodedata
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -50,7 +49,8 @@ def new_id() -> str:
         ms, counter = _last_ms, _counter
     value = (ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62
     value |= secrets.randbits(62)
-    return str(uuid.UUID(int=value))
+    text = f"{value:032x}"
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
 def _joins_previous(cluster: str, ch: str) -> bool:

@@ -108,11 +108,14 @@ def validate_value(key: str, value: object, max_bytes: int | None = None) -> Non
     Raises:
         InvalidStateError: the value is not storable, or larger than ``max_bytes``.
     """
-    problem = _json_problem(value, 0)
-    if problem is not None:
-        raise InvalidStateError(key, problem)
-    if max_bytes is not None:
-        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    try:
+        bound = _scan(value, 0)
+    except _Unstorable as exc:
+        raise InvalidStateError(key, str(exc)) from None
+    # The scan bounds the encoded size from above; only a value that might be too large
+    # is encoded to measure it exactly.
+    if max_bytes is not None and bound > max_bytes:
+        size = len(to_json(value).encode())
         if size > max_bytes:
             raise InvalidStateError(
                 key,
@@ -121,40 +124,45 @@ def validate_value(key: str, value: object, max_bytes: int | None = None) -> Non
             )
 
 
-def _json_problem(value: object, depth: int) -> str | None:
+class _Unstorable(Exception):
+    """Why a value cannot be stored (internal to the scan)."""
+
+
+def _scan(value: object, depth: int) -> int:
+    """Check a value; return an upper bound of its size as UTF-8 JSON, in bytes."""
     if depth > MAX_DEPTH:
-        return f"the value is nested deeper than {MAX_DEPTH} levels"
+        raise _Unstorable(f"the value is nested deeper than {MAX_DEPTH} levels")
     if value is None or isinstance(value, bool):
-        return None
+        return 5
     if isinstance(value, str):
         problem = check_text(value)
-        return None if problem is None else f"a string value {problem}"
+        if problem is not None:
+            raise _Unstorable(f"a string value {problem}")
+        return 6 * len(value) + 2  # every character escaped as \uXXXX at worst
     if isinstance(value, int):
+        bits = value.bit_length()
         # Python refuses to print integers this long as text, so no backend could store them.
-        if value.bit_length() > 4000 * 3 and len(_digits(value)) > 4000:
-            return "the integer has more than 4000 digits"
-        return None
+        if bits > 4000 * 3 and len(_digits(value)) > 4000:
+            raise _Unstorable("the integer has more than 4000 digits")
+        return bits // 3 + 2
     if isinstance(value, float):
-        return None if math.isfinite(value) else f"{value!r} is not a JSON number"
+        if not math.isfinite(value):
+            raise _Unstorable(f"{value!r} is not a JSON number")
+        return 330  # the longest is an integral float written out in full, plus ".0"
     if isinstance(value, list):
-        for item in value:
-            problem = _json_problem(item, depth + 1)
-            if problem is not None:
-                return problem
-        return None
+        return 2 + sum(_scan(item, depth + 1) + 1 for item in value)
     if isinstance(value, dict):
+        total = 2
         for k, item in value.items():
             if not isinstance(k, str):
-                return f"a nested object has the non-string key {k!r}"
+                raise _Unstorable(f"a nested object has the non-string key {k!r}")
             problem = check_text(k)
             if problem is not None:
-                return f"a nested key {problem}"
-            problem = _json_problem(item, depth + 1)
-            if problem is not None:
-                return problem
-        return None
+                raise _Unstorable(f"a nested key {problem}")
+            total += 6 * len(k) + 4 + _scan(item, depth + 1)
+        return total
     kind = type(value).__name__
-    return f"{kind} is not a JSON value (use dict, list, str, int, float, bool or None)"
+    raise _Unstorable(f"{kind} is not a JSON value (use dict, list, str, int, float, bool or None)")
 
 
 def to_json(value: Any) -> str:

@@ -236,7 +236,7 @@ class Statements:
 
     # -- Postgres: whole operations as one statement ------------------------------------------
 
-    def _shared_writes(self, driver: CTE) -> list[CTE]:
+    def _shared_writes(self, driver: CTE, *, deletes: bool = True) -> list[CTE]:
         """Upserts and deletes of shared keys, done only when ``driver`` returned its row.
 
         ``driver`` is the CTE of the operation's own write (insert or update of the session
@@ -260,6 +260,8 @@ class Statements:
                 ["value", "updated_at"],
             )
             ctes.append(upsert.cte(f"{name}_set"))
+            if not deletes:
+                continue
             where = [table.c.org_id == bindparam("k_org")]
             where.append(table.c.app_name == select(driver.c.app_name).scalar_subquery())
             if name == "user":
@@ -291,9 +293,9 @@ class Statements:
         added = insert(events).from_select(
             ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], event_row
         )
-        self.pg_append = c(
-            select(moved.c.event_seq).add_cte(added.cte("added"), *self._shared_writes(moved))
-        )
+        # Event deltas only set keys, so the append needs no deletes.
+        writes = self._shared_writes(moved, deletes=False)
+        self.pg_append = c(select(moved.c.event_seq).add_cte(added.cte("added"), *writes))
 
         # create: the session row (unless the id is taken), its shared state, and the shared
         # state that already existed (the statement's snapshot predates its own writes).
@@ -311,7 +313,7 @@ class Statements:
                 count,
                 self._user_agg(bindparam("org_id"), bindparam("app_name"), bindparam("user_id")),
                 self._app_agg(bindparam("org_id"), bindparam("app_name")),
-            ).add_cte(*self._shared_writes(created))
+            ).add_cte(*self._shared_writes(created, deletes=False))
         )
         # delete: the transcript and the session row together.
         gone = delete(events).where(EVENTS_KEY).cte("gone")

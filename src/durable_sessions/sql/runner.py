@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import weakref
-from collections.abc import Generator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Generator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.util import greenlet_spawn
 
 from ..errors import SchemaNotMigratedError, SessionError, StoreError, StoreUnavailableError
 from .compiled import Compiled
@@ -74,23 +75,32 @@ def translated(operation: str) -> Iterator[None]:
             f"{operation}: the database could not be reached ({type(exc).__name__})"
         ) from exc
     except Exception as exc:
-        if type(exc).__module__.startswith("asyncpg"):
+        # asyncpg's own errors, and SQLAlchemy's adapters of them (raised by the pool).
+        if type(exc).__module__.startswith(("asyncpg", "sqlalchemy.dialects")):
             raise _translate(operation, exc) from exc
         raise
 
 
+def _driver_error(exc: BaseException) -> BaseException:
+    """The driver's own exception behind SQLAlchemy's wrappers and adapters."""
+    found = getattr(exc, "orig", None) or exc
+    while type(found).__module__.startswith("sqlalchemy") and found.__cause__ is not None:
+        found = found.__cause__
+    return found
+
+
 def _translate(operation: str, exc: BaseException) -> SessionError:
-    orig = getattr(exc, "orig", None) or exc
+    orig = _driver_error(exc)
     name = type(orig).__name__
     text = str(orig).lower()
-    if name in ("UndefinedTableError", "UndefinedColumnError") or (
+    sqlstate = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
+    if sqlstate in ("42P01", "42703") or (
         name in ("OperationalError", "ProgrammingError")
         and any(marker in text for marker in _MISSING_SCHEMA)
     ):
         return SchemaNotMigratedError(
             f"{operation}: the database schema is missing or out of date; {_HINT}"
         )
-    sqlstate = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
     if (
         _is_disconnect(orig)
         or getattr(exc, "connection_invalidated", False)
@@ -148,6 +158,27 @@ class Runner:
     def _watched(self) -> bool:
         return bool(self.engine.sync_engine._has_events)
 
+    @asynccontextmanager
+    async def _borrow(self) -> AsyncIterator[tuple[Any, list[tuple[str, Any, bool]] | None]]:
+        """Borrow a pooled connection: yield the pool's proxy and, when something listens
+        to the engine's cursor events, a log of the statements to tell it about."""
+        if self._watched():
+            async with self.engine.connect() as conn:
+                raw = await conn.get_raw_connection()
+                log: list[tuple[str, Any, bool]] = []
+                try:
+                    yield raw, log
+                finally:
+                    self._emit(conn, log)
+            return
+        # Straight from the pool (its checkout events, pre-ping and reset still apply),
+        # without an engine Connection around it: one greenlet hop each way.
+        fairy = await greenlet_spawn(self.engine.sync_engine.pool.connect)
+        try:
+            yield fairy, None
+        finally:
+            await greenlet_spawn(fairy.close)
+
 
 _WRITE_LOCKS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, asyncio.Lock]] = (
     weakref.WeakKeyDictionary()
@@ -180,19 +211,13 @@ class SQLiteRunner(Runner):
             return await self._run(program, mode, operation)
 
     async def _run(self, program: Program[T], mode: Mode, operation: str) -> T:
-        log: list[tuple[str, Any, bool]] | None = [] if self._watched() else None
         with translated(operation):
-            async with self.engine.connect() as conn:
-                raw = await conn.get_raw_connection()
+            async with self._borrow() as (raw, log):
                 driver: Any = raw.driver_connection
-                try:
-                    result: T = await driver._execute(
-                        _drive_sqlite, driver._conn, program, mode != "read", log
-                    )
-                    return result
-                finally:
-                    if log:
-                        self._emit(conn, log)
+                result: T = await driver._execute(
+                    _drive_sqlite, driver._conn, program, mode != "read", log
+                )
+                return result
 
 
 def _drive_sqlite(
@@ -231,10 +256,8 @@ class PostgresRunner(Runner):
 
     async def run(self, program: Program[T], mode: Mode, operation: str) -> T:
         with translated(operation):
-            async with self.engine.connect() as conn:
-                raw = await conn.get_raw_connection()
+            async with self._borrow() as (raw, log):
                 driver: Any = raw.driver_connection
-                log: list[tuple[str, Any, bool]] | None = [] if self._watched() else None
                 try:
                     if mode == "write":
                         async with driver.transaction():
@@ -244,9 +267,6 @@ class PostgresRunner(Runner):
                     if _is_disconnect(exc):
                         self._invalidate_pool(raw, exc)
                     raise
-                finally:
-                    if log:
-                        self._emit(conn, log)
 
     def _invalidate_pool(self, raw: Any, exc: BaseException) -> None:
         """After a disconnect, retire every pooled connection made before it, as SQLAlchemy

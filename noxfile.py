@@ -12,7 +12,7 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
-SOURCES = ["src", "tests", "migrations", "noxfile.py"]
+SOURCES = ["src", "tests", "migrations", "benchmarks", "noxfile.py"]
 
 
 def install_group(session: nox.Session, group: str) -> None:

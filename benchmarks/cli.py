@@ -25,7 +25,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description=(
-            "durable-sessions side by side with Google ADK's DatabaseSessionService and the "
+            "durable-sessions side by side with Google ADK's DatabaseSessionService, "
+            "durable-sessions through its ADK adapter and the "
             "raw driver floor, on SQLite and Postgres; scaling curves; a profile."
         ),
     )

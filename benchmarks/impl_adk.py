@@ -16,7 +16,7 @@ from typing import Any
 
 from google.adk.events import Event, EventActions
 from google.adk.sessions import DatabaseSessionService, Session
-from google.adk.sessions.base_session_service import GetSessionConfig
+from google.adk.sessions.base_session_service import BaseSessionService, GetSessionConfig
 from google.genai import types
 
 from .common import APP, Counters, count_statements
@@ -27,15 +27,19 @@ _TEXT = CONTENT["parts"][0]["text"]
 
 
 class Adk(Implementation):
-    """google-adk's DatabaseSessionService, built from a URL as its users do."""
+    """google-adk's DatabaseSessionService, built from a URL as its users do.
+
+    The primitives below use only ``BaseSessionService`` calls: ``impl_adk_adapter`` runs
+    the very same ones against durable-sessions' ADK adapter.
+    """
 
     name = "google-adk"
 
     def __init__(self) -> None:
         super().__init__()
         self.counters = Counters()
-        self.service: DatabaseSessionService | None = None
-        self._twins: list[DatabaseSessionService] = []
+        self.service: BaseSessionService | None = None
+        self._twins: list[BaseSessionService] = []
 
     async def open(self, url: str) -> None:
         # From a URL, as documented; ADK then adds pool_pre_ping on Postgres by itself.
@@ -51,12 +55,18 @@ class Adk(Implementation):
     def counting(self, on: bool) -> None:
         self.service = self._twins[1 if on else 0]
 
+    async def release_counting(self) -> None:
+        service = self._twins[1]
+        assert isinstance(service, DatabaseSessionService)
+        await service.db_engine.dispose()
+
     async def close(self) -> None:
         for service in self._twins:
+            assert isinstance(service, DatabaseSessionService)
             await service.close()
 
     @property
-    def svc(self) -> DatabaseSessionService:
+    def svc(self) -> BaseSessionService:
         assert self.service is not None
         return self.service
 

@@ -39,6 +39,9 @@ class Ours(Implementation):
     def counting(self, on: bool) -> None:
         self.manager, self.service = self._twins[1 if on else 0]
 
+    async def release_counting(self) -> None:
+        await self.engines[1].dispose()
+
     async def close(self) -> None:
         for engine in self.engines:
             await engine.dispose()

@@ -8,23 +8,34 @@ from typing import Any
 
 from .common import WORKLOADS
 
-IMPLS = ("durable-sessions", "google-adk", "floor")
-LABELS = {"durable-sessions": "durable-sessions", "google-adk": "Google ADK", "floor": "raw driver"}
-COLORS = {"durable-sessions": "#1f77b4", "google-adk": "#ff7f0e", "floor": "#7f7f7f"}
+IMPLS = ("durable-sessions", "google-adk", "adk-adapter", "floor")
+LABELS = {
+    "durable-sessions": "durable-sessions",
+    "google-adk": "Google ADK",
+    "adk-adapter": "durable-sessions ADK adapter",
+    "floor": "raw driver",
+}
+COLORS = {
+    "durable-sessions": "#1f77b4",
+    "google-adk": "#ff7f0e",
+    "adk-adapter": "#2ca02c",
+    "floor": "#7f7f7f",
+}
 TARGET_VS_ADK = 3.0
 TARGET_VS_FLOOR = 0.5  # "within 2x of the floor"
 FLOOR_TARGETED = ("get", "save", "append_event")
 NOTES = """\
 Each implementation runs in its own fresh database on the same server, in the same run,
 workload by workload (the order rotates). Each keeps the same number of connections
-(`--pool-size`, 16 by default: SQLAlchemy's `pool_size` for durable-sessions and ADK, a
-queue of raw connections for the floor); with SQLAlchemy's default of 5 (+10 overflow), 16
-tasks would open and close overflow connections all the time. Concurrency c means c tasks
-in `asyncio.gather` over one engine. Ratios are throughput ratios within this run;
-absolute numbers on a noisy 2-core machine move 2-4x between runs.
+(`--pool-size`, 16 by default: SQLAlchemy's `pool_size` for durable-sessions, ADK and the
+ADK adapter, a queue of raw connections for the floor); with SQLAlchemy's default of 5
+(+10 overflow), 16 tasks would open and close overflow connections all the time.
+Concurrency c means c tasks in `asyncio.gather` over one engine. Ratios are throughput
+ratios within this run; absolute numbers on a noisy 2-core machine move 2-4x between runs.
 
 - *stmts/op*: SQL statements per operation (SQLAlchemy's `before_cursor_execute` for
-  durable-sessions and ADK, counted by hand for the floor), BEGIN/COMMIT/ROLLBACK not counted.
+  durable-sessions, ADK and the adapter, counted by hand for the floor),
+  BEGIN/COMMIT/ROLLBACK not counted.
 - *round trips/op*: on Postgres every asyncpg call that reaches the server (statements,
   BEGIN, COMMIT, ROLLBACK, ADK's pool pre-ping); on SQLite every hop to aiosqlite's worker
   thread (statements, fetches, commits, cursor closes).
@@ -33,6 +44,10 @@ absolute numbers on a noisy 2-core machine move 2-4x between runs.
   other way to write state; it stores an event too); *list50* is `list_sessions` (no limit:
   it loads all 1,000 sessions with their state) then the 50 newest picked in Python; *fork*
   is `get_session(num_recent_events=0)` + `create_session` with the parent's private keys.
+- *ADK adapter*: durable-sessions' `durable_sessions.adk.DurableSessionService(SQLStore(engine),
+  org_id=...)`, driven by exactly the same ADK calls as the ADK column (the same code, only
+  the service differs; the ADK equivalents above apply to it too), on an engine built as
+  durable-sessions' own (no `pool_pre_ping`). *adapter/ADK* is its throughput over ADK's.
 - get is `SessionService.get` (state and events; the session has none); get_recent20 is
   `SessionService.get(num_recent_events=20)` on a session of 1,000 events.
 """
@@ -77,6 +92,10 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if a and b else None
 
 
+_ALL = "ours / ADK / adapter / floor"
+"""The order of the four values in a multi-value cell."""
+
+
 def index(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int, str], dict[str, Any]]:
     return {(r["backend"], r["workload"], r["concurrency"], r["impl"]): r for r in rows}
 
@@ -90,23 +109,23 @@ def side_by_side_tables(rows: list[dict[str, Any]]) -> list[str]:
             lines += [
                 f"### {backend}, {title}",
                 "",
-                "| workload | ops/s ours | ops/s ADK | ops/s floor | ours/ADK | ours/floor "
-                "| p50 ms ours / ADK / floor | p99 ms ours / ADK / floor "
-                "| stmts/op ours / ADK / floor | round trips/op ours / ADK / floor "
-                "| CPU us/op ours / ADK / floor |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                f"| workload | ops/s ours | ops/s ADK | ops/s ADK adapter | ops/s floor "
+                f"| ours/ADK | ours/floor | adapter/ADK | p50 ms {_ALL} | p99 ms {_ALL} "
+                f"| stmts/op {_ALL} | round trips/op {_ALL} | CPU us/op {_ALL} |",
+                "|---|" + "---:|" * 12,
             ]
             for workload in WORKLOADS:
                 cells = [by.get((backend, workload, conc, impl)) for impl in IMPLS]
                 if all(c is None for c in cells):
                     continue
-                ours, adk, floor = (c or {} for c in cells)
+                ours, adk, adapter, floor = (c or {} for c in cells)
 
-                def trio(key: str, digits: int, cells: list[Any] = cells) -> str:
+                def each(key: str, digits: int, cells: list[Any] = cells) -> str:
                     return " / ".join(_fmt((c or {}).get(key), digits) for c in cells)
 
                 vs_adk = _ratio(ours.get("ops_per_sec", 0), adk.get("ops_per_sec", 0))
                 vs_floor = _ratio(ours.get("ops_per_sec", 0), floor.get("ops_per_sec", 0))
+                adapter_vs_adk = _ratio(adapter.get("ops_per_sec", 0), adk.get("ops_per_sec", 0))
                 mark_adk = "" if vs_adk is None or vs_adk >= TARGET_VS_ADK else " ✗"
                 mark_floor = ""
                 if backend == "postgres" and workload in FLOOR_TARGETED and vs_floor is not None:
@@ -119,10 +138,11 @@ def side_by_side_tables(rows: list[dict[str, Any]]) -> list[str]:
                 name = workload + (f" (errors: {'; '.join(errors)})" if errors else "")
                 lines.append(
                     f"| {name} | {_fmt(ours.get('ops_per_sec'))} | {_fmt(adk.get('ops_per_sec'))} "
-                    f"| {_fmt(floor.get('ops_per_sec'))} "
+                    f"| {_fmt(adapter.get('ops_per_sec'))} | {_fmt(floor.get('ops_per_sec'))} "
                     f"| {_fmt(vs_adk, 2)}x{mark_adk} | {_fmt(vs_floor, 2)}x{mark_floor} "
-                    f"| {trio('p50_ms', 2)} | {trio('p99_ms', 2)} | {trio('statements_per_op', 1)} "
-                    f"| {trio('round_trips_per_op', 1)} | {trio('cpu_us_per_op', 0)} |"
+                    f"| {_fmt(adapter_vs_adk, 2)}x "
+                    f"| {each('p50_ms', 2)} | {each('p99_ms', 2)} | {each('statements_per_op', 1)} "
+                    f"| {each('round_trips_per_op', 1)} | {each('cpu_us_per_op', 0)} |"
                 )
             lines.append("")
     return lines
@@ -174,7 +194,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["## Side by side", "", NOTES, "", "![side by side](side_by_side.png)", ""]
         lines += [
             f"✗ after ours/ADK: below the {TARGET_VS_ADK:.0f}x target. ✓/✗ after ours/floor "
-            "(Postgres get, save, append_event): within 2x of the raw driver or not.",
+            "(Postgres get, save, append_event): within 2x of the raw driver or not. "
+            "adapter/ADK has no target.",
             "",
         ]
         lines += side_by_side_tables(results["side_by_side"])

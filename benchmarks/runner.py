@@ -1,4 +1,5 @@
-"""Side by side: the three implementations, each in a fresh database on the same server,
+"""Side by side: the four implementations (durable-sessions, Google ADK, durable-sessions
+through its ADK adapter, the raw-driver floor), each in a fresh database on the same server,
 interleaved workload by workload so that the machine's noise falls on all of them alike."""
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from typing import Any
 from .common import Database, Measurement, measure
 from .workloads import Implementation
 
-IMPL_ORDER = ("durable-sessions", "google-adk", "floor")
+IMPL_ORDER = ("durable-sessions", "google-adk", "adk-adapter", "floor")
+DB_LABELS = ("ours", "adk", "adapter", "floor")
+"""Each implementation's database name label, in IMPL_ORDER."""
 MAX_DELETE_SUPPLY = 4_000
 """Sessions created per worker, at most, before a delete run."""
 
 
 def make_implementations(backend: str, pool_size: int) -> list[Implementation]:
     from .impl_adk import Adk
+    from .impl_adk_adapter import AdkAdapter
     from .impl_ours import Ours
 
     floor: Implementation
@@ -30,7 +34,8 @@ def make_implementations(backend: str, pool_size: int) -> list[Implementation]:
         from .floor_sqlite import FloorSqlite
 
         floor = FloorSqlite()
-    impls = [Ours(), Adk(), floor]
+    impls = [Ours(), Adk(), AdkAdapter(), floor]
+    assert tuple(impl.name for impl in impls) == IMPL_ORDER
     for impl in impls:
         impl.pool_size = pool_size
     return impls
@@ -47,7 +52,7 @@ async def run_side_by_side(
 ) -> list[dict[str, Any]]:
     """Measure every (workload, concurrency, implementation) once; return the rows."""
     impls = make_implementations(backend, pool_size)
-    dbs = [Database(backend, label, tmpdir) for label in ("ours", "adk", "floor")]
+    dbs = [Database(backend, label, tmpdir) for label in DB_LABELS]
     rows: list[dict[str, Any]] = []
     create_rate: dict[tuple[str, int], float] = {}
     opened: list[Implementation] = []
@@ -59,14 +64,18 @@ async def run_side_by_side(
         turn = 0
         for workload in workloads:
             for concurrency in concurrencies:
-                order = impls[turn % 3 :] + impls[: turn % 3]
+                shift = turn % len(impls)
+                order = impls[shift:] + impls[:shift]
                 turn += 1
+                rate: dict[str, float] = {}
                 for impl in order:
                     m = await _one(impl, backend, workload, concurrency, duration, create_rate)
                     if workload == "create" and m.ops_per_sec:
                         create_rate[(impl.name, concurrency)] = m.ops_per_sec
+                    rate[impl.name] = m.ops_per_sec
                     rows.append(asdict(m))
                     log(_line(m))
+                log(_ratios(rate))
     finally:
         for impl in opened:
             await impl.close()
@@ -91,9 +100,12 @@ async def _one(
         supply = min(MAX_DELETE_SUPPLY, int(rate * duration * 1.5 / concurrency)) + 25
     try:
         ops = await impl.make_ops(workload, concurrency, supply or 0)
-        result = await measure(
-            ops, duration=duration, counters=impl.counters, switch=impl.counting, max_ops=supply
-        )
+        try:
+            result = await measure(
+                ops, duration=duration, counters=impl.counters, switch=impl.counting, max_ops=supply
+            )
+        finally:
+            await impl.release_counting()
     except Exception as exc:  # one implementation failing must not end the run
         m.errors = 1
         m.first_error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:300]
@@ -104,6 +116,20 @@ async def _one(
         else:
             m.extra[key] = value
     return m
+
+
+def _ratios(rate: dict[str, float]) -> str:
+    """The throughput ratios of one (workload, concurrency), for the console."""
+
+    def ratio(a: str, b: str) -> str:
+        x, y = rate.get(a, 0.0), rate.get(b, 0.0)
+        return f"{x / y:.2f}x" if x and y else "-"
+
+    return (
+        f"    ours/ADK {ratio('durable-sessions', 'google-adk')}  "
+        f"adapter/ADK {ratio('adk-adapter', 'google-adk')}  "
+        f"ours/floor {ratio('durable-sessions', 'floor')}"
+    )
 
 
 def _line(m: Measurement) -> str:

@@ -42,11 +42,17 @@ from durable_sessions import (
     Store,
 )
 from durable_sessions.adk import DurableSessionService
+from sqlhelpers import SQL_BACKENDS, data_statements, statements
 
 # ADK's StaleSessionError (a ValueError); older google-adk raised a plain ValueError.
 StaleSessionError: type[ValueError] = getattr(adk_errors, "StaleSessionError", ValueError)
 APP = "my_app"
 ORG = "acme"
+
+
+def without_bookkeeping(delta: dict[str, Any]) -> dict[str, Any]:
+    """A stored state delta without the adapter's update-time key."""
+    return {k: v for k, v in delta.items() if k != "__adk_last_update_time__"}
 
 
 @pytest.fixture
@@ -293,7 +299,7 @@ async def test_temp_state_lives_only_in_the_session_object(
     assert got.state["sk"] == "v2"
     assert got.events[0].actions.state_delta == {"sk": "v2"}
     (record,) = await store.list_events(ORG, session.id)
-    assert record.state_delta == {"sk": "v2"}
+    assert without_bookkeeping(record.state_delta) == {"sk": "v2"}
     assert "temp:k1" not in json.dumps(record.content)
 
 
@@ -438,7 +444,12 @@ async def test_an_event_round_trips_exactly_as_json(
     assert record.content == json.loads(
         json.dumps(event.model_dump(mode="json", exclude_none=True))
     )
-    assert record.state_delta == {"sk": {"nested": [1, "two", None]}, "user:lang": "fr"}
+    assert without_bookkeeping(record.state_delta) == {
+        "sk": {"nested": [1, "two", None]},
+        "user:lang": "fr",
+    }
+    # The adapter keeps ADK's session update time beside the delta, as a private key.
+    assert record.state_delta["__adk_last_update_time__"] == event.timestamp
     assert record.id == event.id
     assert record.author == "planner"
     assert record.invocation_id == "invocation"
@@ -745,3 +756,17 @@ async def test_a_runner_drives_an_agent_and_a_second_runner_resumes(
     finally:
         if engine is not None:
             await engine.dispose()
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_listing_reads_every_session_in_one_statement(store: Store) -> None:
+    service = DurableSessionService(store, org_id="acme")
+    for n in range(20):
+        made = await service.create_session(app_name=APP, user_id="u", state={"n": n})
+        await service.append_event(made, Event(author="user", invocation_id=f"i{n}"))
+    engine = store.engine  # type: ignore[attr-defined]
+    with statements(engine) as seen:
+        listed = await service.list_sessions(app_name=APP, user_id="u")
+    assert len(data_statements(seen)) == 1
+    assert sorted(s.state["n"] for s in listed.sessions) == list(range(20))
+    assert all("__adk_last_update_time__" not in s.state for s in listed.sessions)

@@ -1029,3 +1029,16 @@ async def test_get_with_events_reads_state_and_transcript_together(
         await store.get_with_events(OTHER_ORG, session.id)
     with pytest.raises(InvalidArgumentError):
         await store.get_with_events(ORG, session.id, after=datetime(2026, 1, 1))
+
+
+async def test_list_with_state_returns_what_get_returns(manager: Manager, store: Store) -> None:
+    made = [
+        await manager.create(ORG, USER, state={"n": n, "user:u": "shared", "app:a": [n]})
+        for n in range(3)
+    ]
+    await manager.create(ORG, OTHER_USER, state={"other": True})
+    listed = await store.list(Filter(ORG, user_id=USER, with_state=True))
+    assert [s.id for s in listed] == [s.id for s in reversed(made)]
+    for session in listed:
+        assert session.state == (await store.get(ORG, session.id)).state
+    assert all(s.state == {} for s in await store.list(Filter(ORG, user_id=USER)))

@@ -66,6 +66,7 @@ from .errors import (
     StaleSessionError,
 )
 from .model import Event, Filter, Session, new_id
+from .prepare import check_limit
 from .state import TEMP_PREFIX, validate_id
 from .store import Store
 
@@ -76,6 +77,9 @@ _STALE_MESSAGE = (
     "Please reload the session before appending more events."
 )
 _MARKER_PREFIX = "durable-sessions:v"
+# A private state key holding the newest appended event's ADK timestamp (ADK's session
+# update time), so that listing needs no read per session. ADK never sees it.
+_UPDATE_TIME_KEY = "__adk_last_update_time__"
 # ADK's StaleSessionError (a ValueError) exists since google-adk 2.x; before, ADK raised ValueError.
 _STALE_ERROR: type[ValueError] = getattr(adk_errors, "StaleSessionError", ValueError)
 _ONE_MICROSECOND = timedelta(microseconds=1)
@@ -103,7 +107,11 @@ def _to_record(event: AdkEvent) -> Event:
         author=event.author,
         content=data,
         invocation_id=event.invocation_id,
-        state_delta=dict(data.get("actions", {}).get("state_delta") or {}),
+        # The adapter's own bookkeeping rides along: the session's ADK update time.
+        state_delta={
+            **(data.get("actions", {}).get("state_delta") or {}),
+            _UPDATE_TIME_KEY: event.timestamp,
+        },
         tokens=max(0, (usage.total_token_count or 0) if usage else 0),
         id=event.id,
         timestamp=datetime.fromtimestamp(event.timestamp, tz=timezone.utc),
@@ -169,22 +177,38 @@ class DurableSessionService(BaseSessionService):
         return self._org_id if self._org_id is not None else current_org_id()
 
     async def _owned(
-        self, org_id: str, app_name: str, user_id: str, session_id: str
+        self,
+        org_id: str,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        *,
+        events: int | bool = False,
     ) -> Session | None:
-        """Return the stored session if it belongs to this app and user, else None."""
+        """Return the stored session if it belongs to this app and user, else None.
+
+        With ``events`` (True for all, or a number for the newest ones), its events are
+        read in the same store call.
+        """
+        limit = None if events is True or events is False else int(events)
+        check_limit(limit)  # a bad limit is the caller's error, not a missing session
         try:
             validate_id("session_id", session_id)  # a blank or overlong id names no session
-            stored = await self.store.get(org_id, session_id)
+            if events is False:
+                stored = await self.store.get(org_id, session_id)
+            else:
+                stored = await self.store.get_with_events(org_id, session_id, limit=limit)
         except (SessionNotFoundError, InvalidArgumentError):
             return None
         if stored.app_name != app_name or stored.user_id != user_id:
             return None
         return stored
 
-    async def _last_update_time(self, org_id: str, stored: Session) -> float:
-        """Return the newest event's timestamp, or the creation time without events."""
-        last = await self.store.list_events(org_id, stored.id, limit=1)
-        return _from_record(last[0]).timestamp if last else stored.created_at.timestamp()
+    @staticmethod
+    def _update_time(stored: Session) -> float:
+        """The newest appended event's timestamp, or the creation time without events."""
+        value = stored.state.get(_UPDATE_TIME_KEY)
+        return float(value) if isinstance(value, (int, float)) else stored.created_at.timestamp()
 
     @staticmethod
     def _to_adk(stored: Session, events: list[AdkEvent], last_update_time: float) -> AdkSession:
@@ -192,7 +216,7 @@ class DurableSessionService(BaseSessionService):
             id=stored.id,
             app_name=stored.app_name,
             user_id=stored.user_id,
-            state=stored.state,
+            state={k: v for k, v in stored.state.items() if k != _UPDATE_TIME_KEY},
             events=events,
             last_update_time=last_update_time,
         )
@@ -246,16 +270,27 @@ class DurableSessionService(BaseSessionService):
         ``config.after_timestamp`` keeps events whose timestamp is at or after it.
         """
         org_id = self._org()
+        limit = config.num_recent_events if config else None
+        after = config.after_timestamp if config else None
+        if after is None and limit != 0:
+            # The common case: the session and its (newest) events in one store read.
+            loaded = await self._owned(
+                org_id, app_name, user_id, _strip_id(session_id) or "", events=limit or True
+            )
+            if loaded is None:
+                return None
+            events = [_from_record(record) for record in loaded.events]
+            loaded.events = []
+            last = events[-1].timestamp if events else self._update_time(loaded)
+            return self._to_adk(loaded, events, last)
         stored = await self._owned(org_id, app_name, user_id, _strip_id(session_id) or "")
         if stored is None:
             return None
-        limit = config.num_recent_events if config else None
-        after = config.after_timestamp if config else None
         events = [] if limit == 0 else await self._events(org_id, stored.id, limit, after)
         if events and after is None:
             last_update_time = events[-1].timestamp  # the newest stored event was read
         else:
-            last_update_time = await self._last_update_time(org_id, stored)
+            last_update_time = self._update_time(stored)
         return self._to_adk(stored, events, last_update_time)
 
     async def _events(
@@ -284,15 +319,10 @@ class DurableSessionService(BaseSessionService):
         With ``user_id`` only that user's sessions; without it every user's.
         """
         org_id = self._org()
-        found = await self.store.list(Filter(org_id, user_id=user_id, app_name=app_name))
-        sessions = []
-        for meta in found:
-            try:
-                stored = await self.store.get(org_id, meta.id)
-                last_update_time = await self._last_update_time(org_id, stored)
-            except SessionNotFoundError:  # deleted meanwhile
-                continue
-            sessions.append(self._to_adk(stored, [], last_update_time))
+        found = await self.store.list(
+            Filter(org_id, user_id=user_id, app_name=app_name, with_state=True)
+        )
+        sessions = [self._to_adk(stored, [], self._update_time(stored)) for stored in found]
         sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
         return ListSessionsResponse(sessions=sessions)
 

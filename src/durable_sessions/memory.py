@@ -158,19 +158,19 @@ class InMemoryStore:
         del self._sessions[(org_id, session_id)]
 
     async def list(self, filter: Filter) -> builtins.list[Session]:
-        """Return matching sessions, most recently updated first, without state."""
+        """Return matching sessions, most recently updated first (state only on request)."""
         found = [
-            r.meta
+            r
             for (org, _), r in self._sessions.items()
             if org == filter.org_id
             and (filter.user_id is None or r.meta.user_id == filter.user_id)
             and (filter.app_name is None or r.meta.app_name == filter.app_name)
             and (filter.parent_id is None or r.meta.parent_id == filter.parent_id)
         ]
-        found.sort(key=lambda m: (m.updated_at, m.id), reverse=True)
+        found.sort(key=lambda r: (r.meta.updated_at, r.meta.id), reverse=True)
         if filter.limit:
             found = found[: filter.limit]
-        return [replace(m, state={}, events=[]) for m in found]
+        return [self._view(r, with_state=filter.with_state) for r in found]
 
     async def append_event(
         self,

@@ -210,6 +210,8 @@ class Filter:
         app_name: Only this application's sessions.
         limit: At most this many sessions; 0 means no limit.
         parent_id: Only the sessions forked from this one.
+        with_state: Return each session with its merged state (read in the same statement)
+            instead of metadata only.
     """
 
     org_id: str
@@ -217,6 +219,7 @@ class Filter:
     app_name: str | None = None
     limit: int = 0
     parent_id: str | None = None
+    with_state: bool = False
 
     def __post_init__(self) -> None:
         validate_id("org_id", self.org_id)

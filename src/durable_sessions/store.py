@@ -78,7 +78,10 @@ class Store(Protocol):
         ...
 
     async def list(self, filter: Filter) -> builtins.list[Session]:
-        """Return the matching sessions, most recently updated first, without their state."""
+        """Return the matching sessions, most recently updated first.
+
+        Sessions come without state (metadata only) unless ``filter.with_state`` asks for it.
+        """
         ...
 
     async def append_event(

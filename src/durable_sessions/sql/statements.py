@@ -148,6 +148,14 @@ class Statements:
             found = self._shapes[key] = self.compile(build())
         return found
 
+    def state_columns(self) -> list[Any]:
+        """A session row's private state and its shared state, as columns of one select."""
+        return [
+            S.c.state,
+            self._user_agg(S.c.org_id, S.c.app_name, S.c.user_id),
+            self._app_agg(S.c.org_id, S.c.app_name),
+        ]
+
     def events_query(self, has_after: bool, has_limit: bool) -> Any:
         """A session's events (newest first when limited), by (org, session, seq)."""
         query = select(*EVENT_COLUMNS).where(EVENTS_KEY)

@@ -92,6 +92,10 @@ def _event_from_array(item: list[Any]) -> Event:
     )
 
 
+def _session_with_state(row: Any) -> Session:
+    return _session(row, merge_state(row.state, *_shared(row.user_state, row.app_state)))
+
+
 def _count(row: Any) -> int:
     return int(row.n)
 
@@ -368,17 +372,19 @@ class SQLStore:
             raise SessionNotFoundError(org_id, session_id)
 
     async def list(self, filter: Filter) -> builtins.list[Session]:
-        """Return matching sessions, most recently updated first, without state."""
+        """Return matching sessions, most recently updated first (state only on request)."""
         shape = (
             "list",
             filter.user_id is not None,
             filter.app_name is not None,
             filter.parent_id is not None,
             bool(filter.limit),
+            filter.with_state,
         )
 
         def build() -> Any:
-            query = select(*META).where(sessions.c.org_id == bindparam("k_org"))
+            columns = [*META, *self._q.state_columns()] if filter.with_state else META
+            query = select(*columns).where(sessions.c.org_id == bindparam("k_org"))
             if filter.user_id is not None:
                 query = query.where(sessions.c.user_id == bindparam("k_user"))
             if filter.app_name is not None:
@@ -393,7 +399,8 @@ class SQLStore:
             "k_org": filter.org_id, "k_user": filter.user_id, "k_app": filter.app_name,
             "k_parent": filter.parent_id, "k_limit": filter.limit,
         }  # fmt: skip
-        return await self._runner.run(self._rows(stmt, params, _session), "read", "list")
+        make = _session_with_state if filter.with_state else _session
+        return await self._runner.run(self._rows(stmt, params, make), "read", "list")
 
     @staticmethod
     def _rows(stmt: Any, params: dict[str, Any], make: Any) -> Program[builtins.list[Any]]:

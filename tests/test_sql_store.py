@@ -63,14 +63,11 @@ def test_upsert_compiles_to_on_conflict_for_each_dialect(
     assert "ON CONFLICT DO NOTHING" in nothing
 
 
-def test_postgres_merges_private_state_in_sql_and_sqlite_takes_the_write_lock() -> None:
+def test_postgres_merges_private_state_in_sql() -> None:
     pg = dialect_ops("postgresql", "asyncpg")
     assert pg.merge_private is not None
     assert "ds_sessions.state || " in str(pg.merge_private().compile(dialect=postgresql.dialect()))
-    assert pg.begin_write is None
-    lite = dialect_ops("sqlite", "aiosqlite")
-    assert lite.merge_private is None
-    assert lite.begin_write == "BEGIN IMMEDIATE"
+    assert dialect_ops("sqlite", "aiosqlite").merge_private is None
 
 
 pytestmark_sql = pytest.mark.parametrize("backend", SQL_BACKENDS)

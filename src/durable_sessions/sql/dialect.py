@@ -28,7 +28,6 @@ class DialectOps:
 
     name: str
     insert: Callable[[Table], Insert]
-    begin_write: str | None
     merge_private: Callable[[], ColumnElement[Any]] | None
 
     @property
@@ -85,10 +84,9 @@ def dialect_ops(dialect_name: str, driver: str) -> DialectOps:
             f"not {dialect_name}+{driver}"
         )
     if dialect_name == "postgresql":
-        return DialectOps("postgresql", postgresql.insert, None, _pg_merge_private)
-    # SQLite: take the write lock up front so concurrent writers queue on busy_timeout
-    # instead of failing with "database is locked" when a read lock cannot be upgraded.
-    return DialectOps("sqlite", sqlite.insert, "BEGIN IMMEDIATE", None)
+        return DialectOps("postgresql", postgresql.insert, _pg_merge_private)
+    # SQLite merges private state in Python, inside the write transaction.
+    return DialectOps("sqlite", sqlite.insert, None)
 
 
 _PRAGMAS_DONE = "durable_sessions_pragmas"

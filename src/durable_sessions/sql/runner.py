@@ -224,6 +224,8 @@ def _drive_sqlite(
     db: sqlite3.Connection, program: Program[T], write: bool, log: list[Any] | None
 ) -> T:
     if write:
+        # Take the write lock up front: writers in other processes queue on busy_timeout
+        # instead of failing with "database is locked" when a read lock cannot be upgraded.
         db.execute("BEGIN IMMEDIATE")
     try:
         query = program.send(None)  # type: ignore[arg-type]

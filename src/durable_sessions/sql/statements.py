@@ -124,10 +124,9 @@ class Statements:
         self.insert_event = c(insert(events))
         self.delete_events = c(delete(events).where(EVENTS_KEY))
         self.delete_session = c(delete(S).where(SESSION_KEY))
-        parent = select(*META, S.c.state, S.c.event_seq).where(SESSION_KEY)
-        if ops.is_postgres:
-            parent = parent.with_for_update()  # holds off appends while the transcript is copied
-        self.parent = c(parent)
+        # SQLite's fork (Postgres forks in one statement: see _pg_fork); the write lock taken
+        # up front holds off appends while the transcript is copied.
+        self.parent = c(select(*META, S.c.state, S.c.event_seq).where(SESSION_KEY))
         copied = select(events.c.org_id, bindparam("k_child"), *EVENT_COLUMNS).where(EVENTS_KEY)
         self.copy_events = c(
             insert(events).from_select(

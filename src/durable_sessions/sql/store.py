@@ -96,6 +96,17 @@ def _session_with_state(row: Any) -> Session:
     return _session(row, merge_state(row.state, *_shared(row.user_state, row.app_state)))
 
 
+def _events_read(
+    org_id: str, session_id: str, limit: int | None, after: datetime | None
+) -> tuple[tuple[bool, bool], dict[str, Any]]:
+    """Check an events read; return its statement shape (after?, limit?) and parameters."""
+    check_session(org_id, session_id)
+    check_limit(limit)
+    after = check_after(after)
+    params = {"k_org": org_id, "k_id": session_id, "k_after": after, "k_limit": limit}
+    return (after is not None, limit is not None), params
+
+
 def _count(row: Any) -> int:
     return int(row.n)
 
@@ -282,11 +293,7 @@ class SQLStore:
         after: datetime | None = None,
     ) -> Session:
         """Return a session with its state, and its events in ``events`` (see ``Store``)."""
-        check_session(org_id, session_id)
-        check_limit(limit)
-        after = check_after(after)
-        shape = (after is not None, limit is not None)
-        params = {"k_org": org_id, "k_id": session_id, "k_after": after, "k_limit": limit}
+        shape, params = _events_read(org_id, session_id, limit, after)
         if self._pg:
             stmt = self._q.shape(("get+events", *shape), lambda: self._q.pg_get_with_events(*shape))
             program = self._get_with_events_pg(stmt, params)
@@ -484,12 +491,8 @@ class SQLStore:
         after: datetime | None = None,
     ) -> builtins.list[Event]:
         """Return a session's events, oldest first (newest ``limit``, later than ``after``)."""
-        check_session(org_id, session_id)
-        check_limit(limit)
-        after = check_after(after)
-        shape = (after is not None, limit is not None)
+        shape, params = _events_read(org_id, session_id, limit, after)
         stmt = self._q.shape(("events", *shape), lambda: self._q.events_query(*shape))
-        params = {"k_org": org_id, "k_id": session_id, "k_after": after, "k_limit": limit}
         found = await self._runner.run(self._events(stmt, params), "read", "list_events")
         if limit is not None:
             found.reverse()

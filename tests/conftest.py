@@ -14,6 +14,7 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import InMemoryStore, SQLStore, Store
+from sqlhelpers import raw_pg
 
 POSTGRES_ENV = "DURABLE_SESSIONS_TEST_POSTGRES_URL"
 
@@ -29,20 +30,8 @@ def postgres_base_url() -> str | None:
 
 
 async def _admin(url: str, sql: str) -> None:
-    import asyncpg
-
-    u = make_url(url)
-    conn = await asyncpg.connect(
-        host=u.host or "127.0.0.1",
-        port=u.port or 5432,
-        user=u.username or "postgres",
-        password=u.password,
-        database=u.database or "postgres",
-    )
-    try:
+    async with raw_pg(url) as conn:
         await conn.execute(sql)
-    finally:
-        await conn.close()
 
 
 def _run_admin(url: str, sql: str) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import event, make_url, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from durable_sessions.sql.schema import metadata
@@ -47,3 +47,22 @@ async def snapshot(engine: AsyncEngine) -> dict[str, list[tuple[Any, ...]]]:
             rows = await conn.execute(select(table).order_by(*table.primary_key.columns))
             out[table.name] = [tuple(row) for row in rows]
     return out
+
+
+@asynccontextmanager
+async def raw_pg(url: str) -> AsyncIterator[Any]:
+    """A plain asyncpg connection to the database named by a SQLAlchemy URL."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    u = make_url(url)
+    conn = await asyncpg.connect(
+        host=u.host or "127.0.0.1",
+        port=u.port or 5432,
+        user=u.username or "postgres",
+        password=u.password,
+        database=u.database or "postgres",
+    )
+    try:
+        yield conn
+    finally:
+        await conn.close()

@@ -7,12 +7,9 @@ import json
 import time
 import uuid
 from collections.abc import Coroutine, Mapping
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncpg  # type: ignore[import-untyped]
-from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from durable_sessions import Event, Filter, Session, SessionNotFoundError, Store
@@ -23,7 +20,6 @@ __all__ = [
     "count_present",
     "event_view",
     "observe_org",
-    "raw_pg",
     "reset_tables",
     "session_view",
     "wait_at_barrier",
@@ -134,23 +130,6 @@ class OwnedLoop:
             self.loop.run_until_complete(self.loop.shutdown_default_executor())
         finally:
             self.loop.close()
-
-
-@asynccontextmanager
-async def raw_pg(url: str) -> Any:
-    """A plain asyncpg connection to the database named by a SQLAlchemy URL."""
-    u = make_url(url)
-    conn = await asyncpg.connect(
-        host=u.host or "127.0.0.1",
-        port=u.port or 5432,
-        user=u.username or "postgres",
-        password=u.password,
-        database=u.database or "postgres",
-    )
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 def wait_at_barrier(directory: str, parties: int, timeout: float = 60.0) -> None:

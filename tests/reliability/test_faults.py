@@ -29,9 +29,9 @@ from durable_sessions import (
 )
 from reliability import sqlite_appender
 from reliability.figures import Figures
-from reliability.helpers import count_present, raw_pg
+from reliability.helpers import count_present
 from reliability.pgcluster import PrivateCluster, find_pg_bindir
-from sqlhelpers import snapshot
+from sqlhelpers import raw_pg, snapshot
 
 POSTGRES = [pytest.param("postgres", marks=pytest.mark.postgres)]
 SQLITE = [pytest.param("sqlite", marks=pytest.mark.sqlite)]

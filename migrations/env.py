@@ -7,8 +7,9 @@ Two ways in:
   ``AsyncConnection.run_sync``; the migrations run on that connection.
 * The ``alembic`` command line builds its own async engine from the URL in the environment
   variable ``DURABLE_SESSIONS_URL`` (falling back to ``sqlalchemy.url`` in the ini file).
-  ``postgresql://`` and ``sqlite://`` URLs are mapped to asyncpg and aiosqlite; no second,
-  synchronous driver is ever loaded.
+  ``postgresql://`` and ``sqlite://`` URLs are mapped to asyncpg and aiosqlite by
+  ``durable_sessions.urls``, as the command line and ``SQLStore.from_url`` do; no second,
+  synchronous driver is ever loaded. A missing or unusable URL is one ``FAILED:`` line.
 
 Every run takes a lock first thing in its transaction, so processes that migrate the same
 database at once serialise and all but the first find the schema already at head:
@@ -19,16 +20,20 @@ SQLite. The whole upgrade is one transaction on both dialects.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from logging.config import fileConfig
 from typing import Any
 
 from alembic import context
-from sqlalchemy import URL, make_url, pool
+from alembic.util import CommandError
+from sqlalchemy import URL, pool
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from durable_sessions.errors import InvalidArgumentError
 from durable_sessions.sql.schema import VERSION_TABLE, metadata
+from durable_sessions.urls import async_url
 
 URL_ENV = "DURABLE_SESSIONS_URL"
 """The environment variable the ``alembic`` command line reads the database URL from."""
@@ -36,30 +41,33 @@ URL_ENV = "DURABLE_SESSIONS_URL"
 PG_LOCK_KEY = 0x64736D6967726174
 """The Postgres advisory lock key of durable-sessions migrations (ASCII ``dsmigrat``)."""
 
-ASYNC_DRIVERS = {
-    "postgresql": "postgresql+asyncpg",
-    "postgres": "postgresql+asyncpg",
-    "sqlite": "sqlite+aiosqlite",
-}
-"""Plain URL schemes and the async driver each is mapped to."""
-
 config = context.config
 
 if config.config_file_name is not None and config.attributes.get("connection") is None:
     fileConfig(config.config_file_name, disable_existing_loggers=False)
+    # The alembic command prints an error as its one "FAILED: ..." line; do not log it twice.
+    logging.getLogger("alembic.util.messaging").setLevel(logging.CRITICAL)
 
 target_metadata = metadata
 
 
 def database_url() -> URL:
-    """Return the async URL of the database to migrate from the environment or the ini file."""
+    """Return the async URL of the database to migrate from the environment or the ini file.
+
+    Raises:
+        CommandError: No URL is set, or it is not one durable-sessions runs on; the
+            ``alembic`` command prints it as one ``FAILED:`` line, without a traceback.
+    """
     raw = os.environ.get(URL_ENV) or config.get_main_option("sqlalchemy.url")
     if not raw:
-        raise RuntimeError(
-            f"no database URL: set {URL_ENV} (for example sqlite+aiosqlite:///sessions.db)"
+        raise CommandError(
+            f"no database URL: set {URL_ENV}, for example "
+            f"{URL_ENV}=sqlite:///sessions.db alembic upgrade head"
         )
-    url = make_url(raw)
-    return url.set(drivername=ASYNC_DRIVERS.get(url.drivername, url.drivername))
+    try:
+        return async_url(raw)
+    except InvalidArgumentError as exc:
+        raise CommandError(f"{URL_ENV}: {exc}") from None
 
 
 def configure(dialect_name: str, **kwargs: Any) -> None:

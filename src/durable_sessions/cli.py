@@ -13,15 +13,20 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import URL, make_url
+from sqlalchemy import URL
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from .errors import SchemaNotMigratedError, SessionError, StoreUnavailableError
+from .errors import (
+    InvalidArgumentError,
+    SchemaNotMigratedError,
+    SessionError,
+    StoreUnavailableError,
+)
 from .manager import Manager
 from .model import Filter, Session
-from .sql.dialect import SUPPORTED
 from .sql.store import SQLStore
+from .urls import async_url, sqlite_file
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -33,8 +38,6 @@ URL_ENV = "DURABLE_SESSIONS_URL"
 """The environment variable read when ``--url`` is not given."""
 DEFAULT_URL = "sqlite+aiosqlite:///durable-sessions.db"
 """The database used when neither ``--url`` nor ``DURABLE_SESSIONS_URL`` is set."""
-_ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}
-_ASYNC_DRIVERS["sqlite"] = "sqlite+aiosqlite"
 _EXTRA = {"aiosqlite": "sqlite", "asyncpg": "postgres"}
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
@@ -60,27 +63,9 @@ def database_url(given: str | None) -> URL:
     """
     raw = given or os.environ.get(URL_ENV) or DEFAULT_URL
     try:
-        url = make_url(raw)
-    except (sa_exc.ArgumentError, ValueError):
-        # Never echo the text: it may hold a password.
-        raise CLIError(
-            "the database URL is not valid; expected e.g. sqlite+aiosqlite:///sessions.db "
-            "or postgresql+asyncpg://user@host:5432/db"
-        ) from None
-    url = url.set(drivername=_ASYNC_DRIVERS.get(url.drivername, url.drivername))
-    if (url.get_backend_name(), url.get_driver_name()) not in SUPPORTED:
-        raise CLIError(
-            f"unsupported database URL scheme {url.drivername!r}; "
-            "use sqlite+aiosqlite:// or postgresql+asyncpg://"
-        )
-    return url
-
-
-def _sqlite_file(url: URL) -> Path | None:
-    name = url.database
-    if url.get_backend_name() != "sqlite" or not name or name == ":memory:":
-        return None
-    return None if name.startswith("file:") else Path(name)
+        return async_url(raw)  # its messages never echo the text: it may hold a password
+    except InvalidArgumentError as exc:
+        raise CLIError(str(exc)) from None
 
 
 def _make_engine(url: URL) -> AsyncEngine:
@@ -103,7 +88,7 @@ async def _open(args: argparse.Namespace, *, migrated: bool = True) -> AsyncIter
     from . import migrate
 
     url: URL = args.db_url
-    path = _sqlite_file(url)
+    path = sqlite_file(url)
     if migrated and path is not None and not path.exists():
         raise SchemaNotMigratedError(
             f"there is no database file {str(path)!r}; create it with `{PROG} migrate` "
@@ -221,7 +206,7 @@ async def _migrate(args: argparse.Namespace) -> int:
 async def _current(args: argparse.Namespace) -> int:
     from . import migrate
 
-    path = _sqlite_file(args.db_url)
+    path = sqlite_file(args.db_url)
     revision = None
     if path is None or path.exists():  # asking must not create the file
         async with _open(args, migrated=False) as store:

@@ -162,7 +162,9 @@ class SQLStore:
     @classmethod
     def from_url(cls, url: str, **engine_options: Any) -> SQLStore:
         """Create a store with an engine of its own, which ``close()`` disposes."""
-        store = cls(create_async_engine(url, **engine_options))
+        from ..urls import async_url
+
+        store = cls(create_async_engine(async_url(url), **engine_options))
         store._owns_engine = True
         return store
 

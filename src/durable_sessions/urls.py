@@ -1,0 +1,72 @@
+"""Database URLs: the one place that turns a URL a user typed into the URL the store runs on.
+
+The command line, the ``alembic`` command (``migrations/env.py``) and ``SQLStore.from_url``
+accept the same URLs through :func:`async_url`: the async URLs themselves
+(``sqlite+aiosqlite:///sessions.db``, ``postgresql+asyncpg://user@host/db``) and the plain
+``sqlite://``, ``postgresql://`` and ``postgres://`` forms, which get their async driver.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import URL, make_url
+from sqlalchemy import exc as sa_exc
+
+from .errors import InvalidArgumentError
+from .sql.dialect import SUPPORTED
+
+__all__ = ["ASYNC_DRIVERS", "async_url", "sqlite_file"]
+
+ASYNC_DRIVERS = {
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+    "sqlite": "sqlite+aiosqlite",
+}
+"""Plain URL schemes and the async driver each is mapped to."""
+
+EXAMPLES = "sqlite:///sessions.db or postgresql://user@host:5432/db"
+
+
+def async_url(raw: str | URL) -> URL:
+    """Parse a database URL and give a plain ``sqlite://`` or ``postgresql://`` its driver.
+
+    Args:
+        raw: The URL as the user gave it, or a ``sqlalchemy.URL``.
+
+    Returns:
+        The URL with the async driver SQLStore runs on (aiosqlite or asyncpg).
+
+    Raises:
+        InvalidArgumentError: The text is not a URL, or it names a database or driver
+            SQLStore does not run on. The message never repeats the text: it may hold a
+            password.
+    """
+    if isinstance(raw, URL):
+        url = raw
+    else:
+        try:
+            url = make_url(raw)
+        except (sa_exc.ArgumentError, ValueError):
+            raise InvalidArgumentError(
+                f"the database URL is not valid; expected e.g. {EXAMPLES}"
+            ) from None
+    url = url.set(drivername=ASYNC_DRIVERS.get(url.drivername, url.drivername))
+    try:
+        pair = (url.get_backend_name(), url.get_driver_name())
+    except (sa_exc.ArgumentError, ValueError):  # pragma: no cover - defensive
+        pair = ("", "")
+    if pair not in SUPPORTED:
+        raise InvalidArgumentError(
+            f"unsupported database URL scheme {url.drivername!r}; use sqlite:// "
+            "(sqlite+aiosqlite://) or postgresql:// (postgresql+asyncpg://)"
+        )
+    return url
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """Return the file a SQLite URL names, or None (another database, memory or a URI)."""
+    name = url.database
+    if url.get_backend_name() != "sqlite" or not name or name == ":memory:":
+        return None
+    return None if name.startswith("file:") else Path(name)

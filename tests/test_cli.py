@@ -170,16 +170,16 @@ def test_migrate_current_check_downgrade(db_url: str, capsys: pytest.CaptureFixt
     assert out.strip().endswith("run `durable-sessions migrate`.")
     if db_url.startswith("sqlite"):
         assert not Path(db_url.split("///", 1)[1]).exists(), "check must not create the file"
-    assert cli(capsys, "--url", db_url, "current")[:2] == (0, "none (head is 0001)\n")
+    assert cli(capsys, "--url", db_url, "current")[:2] == (0, "none (head is 0002)\n")
 
-    assert cli(capsys, "--url", db_url, "migrate")[:2] == (0, "Migrated from base to 0001.\n")
-    assert cli(capsys, "migrate", "--url", db_url)[:2] == (0, "Already at 0001; nothing to do.\n")
-    assert cli(capsys, "--url", db_url, "check")[:2] == (0, "The schema is at head (0001).\n")
-    assert cli(capsys, "--url", db_url, "current")[:2] == (0, "0001 (head)\n")
+    assert cli(capsys, "--url", db_url, "migrate")[:2] == (0, "Migrated from base to 0002.\n")
+    assert cli(capsys, "migrate", "--url", db_url)[:2] == (0, "Already at 0002; nothing to do.\n")
+    assert cli(capsys, "--url", db_url, "check")[:2] == (0, "The schema is at head (0002).\n")
+    assert cli(capsys, "--url", db_url, "current")[:2] == (0, "0002 (head)\n")
 
     assert cli(capsys, "--url", db_url, "downgrade", "base")[:2] == (
         0,
-        "Downgraded from 0001 to base.\n",
+        "Downgraded from 0002 to base.\n",
     )
     assert cli(capsys, "--url", db_url, "check")[0] == 1
     code, _, err = cli(capsys, "--url", db_url, "list")
@@ -187,6 +187,8 @@ def test_migrate_current_check_downgrade(db_url: str, capsys: pytest.CaptureFixt
     assert "run `durable-sessions migrate`" in one_error_line(err)
 
     assert cli(capsys, "--url", db_url, "migrate", "--revision", "0001")[0] == 0
+    assert cli(capsys, "--url", db_url, "check")[0] == 1  # behind head
+    assert cli(capsys, "--url", db_url, "migrate")[:2] == (0, "Migrated from 0001 to 0002.\n")
     assert cli(capsys, "--url", db_url, "check")[0] == 0
 
 
@@ -643,7 +645,7 @@ def test_an_unmigrated_postgres_database_is_one_line(
     code, _, err = cli(capsys, "--url", fresh_pg_url(), "show", "x")
     assert code == 1
     assert one_error_line(err) == (
-        f"{PROG}: error: the database schema is at no revision, this version needs 0001; "
+        f"{PROG}: error: the database schema is at no revision, this version needs 0002; "
         f"run `{PROG} migrate`"
     )
 

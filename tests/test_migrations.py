@@ -96,7 +96,7 @@ def test_script_location_and_head() -> None:
     assert (location / "env.py").is_file()
     assert (location / "script.py.mako").is_file()
     assert (location / "versions" / "0001_initial.py").is_file()
-    assert head() == "0001"
+    assert head() == "0002"
 
 
 def test_revisions_are_frozen_snapshots() -> None:
@@ -143,9 +143,11 @@ async def test_upgrade_downgrade_upgrade(db_engine: AsyncEngine) -> None:
     assert await version_rows(db_engine) == []
 
     await upgrade(db_engine, "0001")
-    assert await is_current(db_engine) is True
+    assert await is_current(db_engine) is False  # behind head: the store must not run yet
     assert await table_names(db_engine) == {*TABLES, VERSION_TABLE}
     assert await index_names(db_engine) >= INDEXES
+    await upgrade(db_engine)
+    assert await is_current(db_engine) is True
 
 
 async def test_own_version_table(db_engine: AsyncEngine) -> None:

@@ -12,7 +12,8 @@ the same class on every store (in-memory, SQLite, Postgres)::
     ├── MissingScopeError        no session is bound in the current context
     ├── SchemaNotMigratedError   the database schema is missing or behind the code
     └── StoreError               the database failed an operation; nothing of it was written
-        └── StoreUnavailableError    the database could not be reached or dropped the connection
+        ├── StoreUnavailableError    the database could not be reached or dropped the connection
+        └── DeletionIncompleteError  purge/delete_user waited too long for rows held by writers
 
 Messages carry ids and keys, never a connection URL or password.
 """
@@ -20,6 +21,7 @@ Messages carry ids and keys, never a connection URL or password.
 from __future__ import annotations
 
 __all__ = [
+    "DeletionIncompleteError",
     "InvalidArgumentError",
     "InvalidStateError",
     "MissingScopeError",
@@ -58,10 +60,13 @@ class SessionExistsError(SessionError):
 class StaleSessionError(SessionError):
     """Raised when saving a copy of a session that changed in the store since it was read."""
 
-    def __init__(self, org_id: str, session_id: str, expected_version: int) -> None:
+    def __init__(
+        self, org_id: str, session_id: str, expected_version: int, detail: str = ""
+    ) -> None:
+        what = detail or f"changed since it was read (this copy has version {expected_version})"
         super().__init__(
-            f"session {session_id!r} in organisation {org_id!r} changed since it was read "
-            f"(this copy has version {expected_version}); reload it and apply the change again"
+            f"session {session_id!r} in organisation {org_id!r} {what}; "
+            "reload it and apply the change again"
         )
         self.org_id = org_id
         self.session_id = session_id
@@ -95,3 +100,22 @@ class StoreError(SessionError):
 
 class StoreUnavailableError(StoreError):
     """Raised when the database cannot be reached or the connection broke mid-operation."""
+
+
+class DeletionIncompleteError(StoreError):
+    """Raised when ``purge`` or ``delete_user`` gives up waiting for rows held by writers.
+
+    The batches it deleted stay deleted; ``remaining`` sessions still match. Running the
+    same call again, once the writers let go, finishes the job.
+    """
+
+    def __init__(self, operation: str, org_id: str, deleted: int, remaining: int) -> None:
+        super().__init__(
+            f"{operation} in organisation {org_id!r} stopped at the lock timeout: {remaining} "
+            f"matching sessions are left, held or still being written by concurrent writers "
+            f"({deleted} were deleted); run it again"
+        )
+        self.operation = operation
+        self.org_id = org_id
+        self.deleted = deleted
+        self.remaining = remaining

@@ -135,7 +135,9 @@ class Manager:
         """Write the session's title and the state it changed since it was read.
 
         Raises:
-            StaleSessionError: the stored session changed since this copy was read.
+            StaleSessionError: the stored session changed since this copy was read, was
+                deleted and created again, or a ``user:``/``app:`` key this copy deletes
+                holds another value than the one read; nothing is written.
             InvalidStateError: a changed value cannot be stored; nothing is written.
         """
         return await self.store.update(session)
@@ -151,10 +153,20 @@ class Manager:
 
         The session object is updated in place with the stored counters and title. Its
         version moves on by one, so a save of this copy still detects anyone else's change.
+
+        Raises:
+            StaleSessionError: the session was deleted and its id created again since this
+                copy was read; nothing is written.
+            SessionNotFoundError: the session no longer exists.
         """
         title = derive_title(first_message) if first_message and not session.title else ""
         stored = await self.store.touch(
-            session.org_id, session.id, messages=messages, tokens=tokens, title=title
+            session.org_id,
+            session.id,
+            messages=messages,
+            tokens=tokens,
+            title=title,
+            incarnation=session.incarnation,
         )
         session.message_count = stored.message_count
         session.token_total = stored.token_total
@@ -169,8 +181,15 @@ class Manager:
 
         The session object is updated in place: counters, version and the delta (``temp:``
         keys included, visible until the object is dropped but never stored).
+
+        Raises:
+            StaleSessionError: the session was deleted and its id created again since this
+                copy was read; nothing is written.
+            SessionNotFoundError: the session no longer exists.
         """
-        stored = await self.store.append_event(session.org_id, session.id, event)
+        stored = await self.store.append_event(
+            session.org_id, session.id, event, incarnation=session.incarnation
+        )
         session.absorb(dict(event.state_delta))
         session.message_count += 1
         session.token_total += stored.tokens

@@ -10,19 +10,21 @@ from typing import Any
 from .errors import SessionExistsError, SessionNotFoundError, StaleSessionError
 from .model import Event, Filter, Session, new_id, utcnow
 from .prepare import (
+    RECREATED,
     check_after,
     check_count,
     check_expected,
     check_limit,
     check_max_bytes,
-    check_older_than,
     check_session,
+    check_shared_deletes,
     check_title,
     fork_state,
     merge_state,
     prepare_create,
     prepare_event,
     prepare_update,
+    purge_cutoff,
 )
 from .state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, copy_json, validate_id
 
@@ -63,6 +65,13 @@ class InMemoryStore:
             return self._sessions[(org_id, session_id)]
         except KeyError:
             raise SessionNotFoundError(org_id, session_id) from None
+
+    def _live(self, org_id: str, session_id: str, incarnation: str | None, version: int) -> _Record:
+        """The session's record, if the caller's copy is of this incarnation of the id."""
+        record = self._record(org_id, session_id)
+        if incarnation is not None and record.meta.incarnation != incarnation:
+            raise StaleSessionError(org_id, session_id, version, RECREATED)
+        return record
 
     def _apply_shared(self, meta: Session, delta: ScopedDelta) -> None:
         if delta.user_set or delta.user_deleted:
@@ -105,7 +114,15 @@ class InMemoryStore:
         if key in self._sessions:
             raise SessionExistsError(session.org_id, session.id)
         now = utcnow()
-        meta = replace(session, state={}, events=[], created_at=now, updated_at=now, version=1)
+        meta = replace(
+            session,
+            state={},
+            events=[],
+            created_at=now,
+            updated_at=now,
+            version=1,
+            incarnation=new_id(),
+        )
         self._sessions[key] = _Record(meta, delta.private_set)
         self._apply_shared(meta, delta)
         view = self._view(self._sessions[key])
@@ -113,6 +130,7 @@ class InMemoryStore:
         session.state = {**view.state, **temp}
         session.created_at = session.updated_at = now
         session.version = 1
+        session.incarnation = meta.incarnation
         session.mark_persisted()
         return session
 
@@ -138,9 +156,19 @@ class InMemoryStore:
     async def update(self, session: Session) -> Session:
         """Write what changed in the session, if nobody changed it since it was read."""
         delta = prepare_update(session, self.max_value_bytes)
-        record = self._record(session.org_id, session.id)
+        record = self._live(session.org_id, session.id, session.incarnation, session.version)
         if record.meta.version != session.version:
             raise StaleSessionError(session.org_id, session.id, session.version)
+        meta = record.meta
+        user = self._user.get((meta.org_id, meta.app_name, meta.user_id), {})
+        app = self._app.get((meta.org_id, meta.app_name), {})
+        check_shared_deletes(
+            session.org_id,
+            session.id,
+            session.version,
+            [*(("user", k, v) for k, v in user.items()), *(("app", k, v) for k, v in app.items())],
+            delta,
+        )
         now = utcnow()
         for key in delta.private_deleted:
             record.private.pop(key, None)
@@ -179,12 +207,13 @@ class InMemoryStore:
         event: Event,
         *,
         expected_version: int | None = None,
+        incarnation: str | None = None,
     ) -> Event:
         """Append an event and apply its state delta atomically (see ``Store``)."""
         check_session(org_id, session_id)  # the same order of checks as SQLStore
         check_expected(expected_version)
         stored, delta = prepare_event(event, self.max_value_bytes)
-        record = self._record(org_id, session_id)
+        record = self._live(org_id, session_id, incarnation, expected_version or 0)
         if expected_version is not None and record.meta.version != expected_version:
             raise StaleSessionError(org_id, session_id, expected_version)
         meta = record.meta
@@ -226,12 +255,13 @@ class InMemoryStore:
         messages: int = 0,
         tokens: int = 0,
         title: str = "",
+        incarnation: str | None = None,
     ) -> Session:
         """Add to the counters and title an untitled session."""
         check_count("messages", messages)
         check_count("tokens", tokens)
         check_title(title)
-        meta = self._record(org_id, session_id).meta
+        meta = self._live(org_id, session_id, incarnation, 0).meta
         meta.message_count += messages
         meta.token_total += tokens
         if not meta.title:
@@ -263,6 +293,7 @@ class InMemoryStore:
             created_at=now,
             updated_at=now,
             version=1,
+            incarnation=new_id(),
             message_count=parent.meta.message_count if with_events else 0,
             token_total=parent.meta.token_total if with_events else 0,
         )
@@ -273,9 +304,13 @@ class InMemoryStore:
         return self._view(record)
 
     async def purge(self, org_id: str, *, older_than: timedelta, dry_run: bool = False) -> int:
-        """Delete the sessions of an organisation not updated within ``older_than``."""
+        """Delete the sessions of an organisation not updated within ``older_than``.
+
+        Raises:
+            InvalidArgumentError: ``older_than`` is negative, or reaches back before the year 1.
+        """
         validate_id("org_id", org_id)
-        cutoff = utcnow() - check_older_than(older_than)
+        cutoff = purge_cutoff(older_than, utcnow())
         doomed = [
             key
             for key, r in self._sessions.items()

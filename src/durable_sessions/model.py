@@ -145,6 +145,10 @@ class Session:
     where each key lives (see ``USER_PREFIX``, ``APP_PREFIX``, ``TEMP_PREFIX``). Saving a
     session writes only the keys that changed since it was read, so a stale copy never
     overwrites newer shared values. ``events`` is filled only by ``SessionService.get``.
+
+    ``incarnation`` is set by the store: it names this life of the id, new at every create
+    and fork, so that a copy read before a delete never writes into a later session created
+    under the same id (the write raises ``StaleSessionError``). Leave it as the store set it.
     """
 
     id: str
@@ -160,6 +164,7 @@ class Session:
     version: int = 0
     parent_id: str | None = None
     events: list[Event] = field(default_factory=list)
+    incarnation: str = field(default="", repr=False, compare=False)
     _persisted: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def get(self, key: str, default: Any = None) -> Any:

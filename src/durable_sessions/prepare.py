@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, StaleSessionError
 from .model import Event, Session
 from .state import (
     APP_PREFIX,
@@ -15,6 +15,7 @@ from .state import (
     ScopedDelta,
     check_text,
     copy_json,
+    json_equal,
     split_delta,
     validate_id,
     validate_value,
@@ -23,26 +24,37 @@ from .state import (
 __all__ = [
     "FORKED_FROM",
     "MAX_INCREMENT",
+    "MAX_INT64",
     "MAX_LIMIT",
+    "RECREATED",
     "check_after",
     "check_count",
+    "check_counters",
     "check_expected",
     "check_limit",
     "check_max_bytes",
     "check_older_than",
     "check_session",
+    "check_shared_deletes",
+    "check_timeout",
     "check_title",
     "fork_state",
     "merge_state",
     "prepare_create",
     "prepare_event",
     "prepare_update",
+    "purge_cutoff",
 ]
 
-MAX_LIMIT = 2**63 - 1
+MAX_INT64 = 2**63 - 1
+"""The largest value of a stored counter or version: a 64-bit signed integer."""
+MAX_LIMIT = MAX_INT64
 """The largest limit accepted: a 64-bit signed integer."""
 MAX_INCREMENT = 2**31 - 1
 """The largest counter increment accepted, so that 64-bit counters cannot overflow."""
+
+RECREATED = "was deleted and created again since this copy was read"
+"""Why a write from a copy of an earlier life of a session id is refused."""
 
 FORKED_FROM = "forked_from"
 """The private state key in which a forked session records its parent's id."""
@@ -73,12 +85,20 @@ def check_limit(limit: int | None) -> None:
         raise InvalidArgumentError(f"limit must be None or an integer from 0 to {MAX_LIMIT}")
 
 
+def _int64(value: Any) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int)
+        and -MAX_INT64 - 1 <= value <= MAX_INT64
+    )
+
+
 def check_expected(expected_version: int | None) -> None:
-    """Check an optional expected version."""
-    if expected_version is not None and (
-        isinstance(expected_version, bool) or not isinstance(expected_version, int)
-    ):
-        raise InvalidArgumentError("expected_version must be None or an integer")
+    """Check an optional expected version (a 64-bit signed integer, as stored)."""
+    if expected_version is not None and not _int64(expected_version):
+        raise InvalidArgumentError(
+            "expected_version must be None or an integer in the 64-bit signed range"
+        )
 
 
 def check_count(name: str, value: int) -> None:
@@ -103,11 +123,64 @@ def check_after(after: datetime | None) -> datetime | None:
         ) from None
 
 
+def check_counters(
+    org_id: str,
+    session_id: str,
+    counters: tuple[int, int, int],
+    messages: int,
+    tokens: int,
+) -> None:
+    """Check that a write can add ``messages``, ``tokens`` and one version to a session.
+
+    ``counters`` are the stored ``(message_count, token_total, version)``. Increments are
+    bounded (``MAX_INCREMENT``), so only counters brought near 2**63 - 1 (by an import)
+    can overflow; such a write is refused on every store, and nothing is written.
+    """
+    message_count, token_total, version = counters
+    if (
+        message_count > MAX_INT64 - messages
+        or token_total > MAX_INT64 - tokens
+        or version >= MAX_INT64
+    ):
+        raise InvalidArgumentError(
+            f"session {session_id!r} in organisation {org_id!r}: this write would overflow "
+            "its message_count, token_total or version past 2**63 - 1; nothing was written"
+        )
+
+
 def check_older_than(older_than: timedelta) -> timedelta:
     """Check a retention period."""
     if not isinstance(older_than, timedelta) or older_than < timedelta(0):
         raise InvalidArgumentError("older_than must be a non-negative timedelta")
     return older_than
+
+
+def purge_cutoff(older_than: timedelta, now: datetime) -> datetime:
+    """Return the time before which ``purge`` deletes sessions: ``now - older_than``.
+
+    Raises:
+        InvalidArgumentError: ``older_than`` is not a non-negative timedelta, or it reaches
+            back before the year 1 (no datetime can hold the cutoff), alike on every store.
+    """
+    check_older_than(older_than)
+    try:
+        return now - older_than
+    except OverflowError:
+        days = (now - datetime.min.replace(tzinfo=now.tzinfo)).days
+        raise InvalidArgumentError(
+            f"older_than reaches back before the year 1: at most {days} days"
+        ) from None
+
+
+def check_timeout(name: str, seconds: float) -> float:
+    """Check a timeout: a positive, finite number of seconds."""
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not 0 < seconds < 10**9  # also refuses NaN and infinity
+    ):
+        raise InvalidArgumentError(f"{name} must be a positive number of seconds")
+    return float(seconds)
 
 
 def check_title(title: str) -> str:
@@ -122,6 +195,9 @@ def check_title(title: str) -> str:
 
 def _check_metadata(session: Session) -> None:
     check_session(session.org_id, session.id)
+    for name in ("version", "message_count", "token_total"):
+        if not _int64(getattr(session, name)):
+            raise InvalidArgumentError(f"{name} must be an integer in the 64-bit signed range")
     validate_id("user_id", session.user_id)
     validate_id("app_name", session.app_name, allow_empty=True)
     check_title(session.title)
@@ -138,8 +214,40 @@ def prepare_create(session: Session, max_bytes: int | None = None) -> ScopedDelt
 def prepare_update(session: Session, max_bytes: int | None = None) -> ScopedDelta:
     """Check a session about to be saved and return what changed since it was read."""
     _check_metadata(session)
+    check_counters(session.org_id, session.id, (0, 0, session.version), 0, 0)
     changed, deleted = session.changes()
-    return split_delta(changed, deleted, max_bytes)
+    delta = split_delta(changed, deleted, max_bytes)
+    # A shared key is deleted only while it still holds what this copy read: a copy that
+    # read user:plan="free" must not delete the "paid" another session wrote since.
+    read = session._persisted
+    delta.user_expected = {k: read[USER_PREFIX + k] for k in delta.user_deleted}
+    delta.app_expected = {k: read[APP_PREFIX + k] for k in delta.app_deleted}
+    return delta
+
+
+def check_shared_deletes(
+    org_id: str,
+    session_id: str,
+    version: int,
+    stored: Iterable[tuple[str, str, Any]],
+    delta: ScopedDelta,
+) -> None:
+    """Raise ``StaleSessionError`` if a shared key a save deletes changed since it was read.
+
+    ``stored`` holds the current ``(scope, key, value)`` of those keys ("user" or "app",
+    key without its prefix); a key that is gone already is no conflict.
+    """
+    expected = {"user": delta.user_expected, "app": delta.app_expected}
+    for scope, key, value in stored:
+        if key in expected[scope] and not json_equal(value, expected[scope][key]):
+            prefix = USER_PREFIX if scope == "user" else APP_PREFIX
+            raise StaleSessionError(
+                org_id,
+                session_id,
+                version,
+                f"cannot delete {prefix + key!r}: another writer changed it since this copy "
+                "read it",
+            )
 
 
 def prepare_event(event: Event, max_bytes: int | None = None) -> tuple[Event, ScopedDelta]:

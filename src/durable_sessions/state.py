@@ -243,6 +243,10 @@ class ScopedDelta:
     user_deleted: set[str] = field(default_factory=set)
     app_set: dict[str, Any] = field(default_factory=dict)
     app_deleted: set[str] = field(default_factory=set)
+    # The values a saved copy read for the shared keys it deletes: the delete applies only
+    # while the key still holds that value (see ``prepare_update``).
+    user_expected: dict[str, Any] = field(default_factory=dict)
+    app_expected: dict[str, Any] = field(default_factory=dict)
 
     @property
     def has_shared(self) -> bool:

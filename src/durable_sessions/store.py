@@ -59,11 +59,15 @@ class Store(Protocol):
     async def update(self, session: Session) -> Session:
         """Write the session's title and the state keys it set or deleted since it was read.
 
-        On success the session's ``version`` and ``updated_at`` move on in place.
+        On success the session's ``version`` and ``updated_at`` move on in place. The save
+        applies only to the life of the id the copy was read from (``session.incarnation``),
+        and a deleted ``user:``/``app:`` key is removed only if it still holds the value this
+        copy read.
 
         Raises:
-            StaleSessionError: the stored session changed since this copy was read;
-                nothing is written.
+            StaleSessionError: the stored session changed since this copy was read, was
+                deleted and created again, or a shared key it deletes changed since; nothing
+                is written.
             SessionNotFoundError: the session no longer exists.
             InvalidStateError: a changed key or value cannot be stored; nothing is written.
         """
@@ -91,6 +95,7 @@ class Store(Protocol):
         event: Event,
         *,
         expected_version: int | None = None,
+        incarnation: str | None = None,
     ) -> Event:
         """Append an event and apply its ``state_delta``, atomically.
 
@@ -98,14 +103,16 @@ class Store(Protocol):
         grows by one, ``token_total`` by ``event.tokens``, and its version moves on. With
         ``expected_version``, the append happens only if the stored version is still that
         one (checked in the same transaction), so a writer holding a stale copy is told.
+        With ``incarnation`` (a held copy's ``Session.incarnation``), it happens only if the
+        id still names that session, not one created again under the same id.
 
         Returns:
             The stored copy of the event, with ``seq`` set and ``temp:`` keys removed.
 
         Raises:
             SessionNotFoundError: no such session in that organisation.
-            StaleSessionError: ``expected_version`` was given and the session moved on;
-                nothing is written.
+            StaleSessionError: ``expected_version`` was given and the session moved on, or
+                ``incarnation`` was given and the id names a later session; nothing is written.
             InvalidStateError: the content or delta cannot be stored; nothing is written.
         """
         ...
@@ -140,14 +147,19 @@ class Store(Protocol):
         messages: int = 0,
         tokens: int = 0,
         title: str = "",
+        incarnation: str | None = None,
     ) -> Session:
         """Add to a session's counters atomically, and set its title if it has none.
+
+        With ``incarnation``, the change applies only to that life of the id (see
+        ``append_event``).
 
         Returns:
             The session's metadata after the change, without state.
 
         Raises:
             SessionNotFoundError: no such session in that organisation.
+            StaleSessionError: ``incarnation`` was given and the id names a later session.
         """
         ...
 

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .errors import InvalidArgumentError, SessionError
+from .model import new_id
 from .prepare import check_title
 from .sql.dialect import dialect_ops
 from .sql.runner import translated
@@ -186,9 +187,12 @@ _CHECKS: dict[str, Check] = {
 _KEYS = {"user_state": _shared_key(USER_PREFIX), "app_state": _shared_key(APP_PREFIX)}
 _TABLES = {"session": sessions, "event": events, "user_state": user_state, "app_state": app_state}
 
+# Not exported: an import starts a new life of each session id (see Session.incarnation).
+_LOCAL = {"incarnation"}
+
 RECORDS: dict[str, tuple[Table, dict[str, Check]]] = {
     kind: (table, {col.name: _KEYS[kind] if col.name == "key" else _CHECKS[col.name]
-                   for col in table.columns})
+                   for col in table.columns if col.name not in _LOCAL})
     for kind, table in _TABLES.items()
 }  # fmt: skip
 """Each record type: its table, and a check for each field; the fields are the columns."""
@@ -196,7 +200,9 @@ RECORDS: dict[str, tuple[Table, dict[str, Check]]] = {
 
 def _record(kind: str, row: Row[Any]) -> str:
     data = {
-        k: _format_timestamp(v) if isinstance(v, datetime) else v for k, v in row._mapping.items()
+        k: _format_timestamp(v) if isinstance(v, datetime) else v
+        for k, v in row._mapping.items()
+        if k not in _LOCAL
     }
     return dumps({**data, "type": kind})
 
@@ -384,6 +390,7 @@ class _Importer:
 
     async def add(self, number: int, kind: str, row: dict[str, Any]) -> None:
         if kind == "session":
+            row["incarnation"] = new_id()
             self.session, self.last_seq = row, 0
         elif kind == "event":
             self._check_event(number, row)

@@ -145,6 +145,9 @@ sessions = Table(
     # The last seq handed to an event; the row lock on it keeps seqs gapless.
     Column("event_seq", BigInteger, nullable=False),
     Column("version", BigInteger, nullable=False),
+    # Which life of the id this row is: new at every create, so a copy read before a delete
+    # never writes into a later session that reuses the id (versions restart at 1).
+    Column("incarnation", String(36), nullable=False, server_default=""),
     PrimaryKeyConstraint("org_id", "id"),
     # Serves list(): one user's sessions newest first (scanned backwards).
     Index("ix_ds_sessions_org_user_updated", "org_id", "user_id", "updated_at", "id"),

@@ -49,6 +49,7 @@ META = [
     S.c.message_count,
     S.c.token_total,
     S.c.version,
+    S.c.incarnation,
 ]
 EVENT_COLUMNS = [
     events.c.seq,
@@ -65,6 +66,9 @@ EVENTS_KEY = and_(events.c.org_id == bindparam("k_org"), events.c.session_id == 
 USER_KEY = ["org_id", "app_name", "user_id", "key"]
 APP_KEY = ["org_id", "app_name", "key"]
 NOW = bindparam("v_now", type_=UTCDateTime)
+INCARNATION = bindparam("v_incarnation", type_=Text)
+# A write guarded by the incarnation the caller holds (None: any incarnation of the id).
+SAME_LIFE = or_(INCARNATION.is_(None), S.c.incarnation == INCARNATION)
 
 
 class Statements:
@@ -98,6 +102,23 @@ class Statements:
                 ops.in_list(user_state.c.key, "k_keys"),
             )
         )
+        # A save that deletes shared keys reads (and on Postgres locks) their values first.
+        user_values = select(user_state.c.key, user_state.c.value).where(
+            user_state.c.org_id == bindparam("k_org"),
+            user_state.c.app_name == bindparam("k_app"),
+            user_state.c.user_id == bindparam("k_user"),
+            ops.in_list(user_state.c.key, "k_keys"),
+        )
+        app_values = select(app_state.c.key, app_state.c.value).where(
+            app_state.c.org_id == bindparam("k_org"),
+            app_state.c.app_name == bindparam("k_app"),
+            ops.in_list(app_state.c.key, "k_keys"),
+        )
+        if ops.is_postgres:
+            user_values = user_values.with_for_update()
+            app_values = app_values.with_for_update()
+        self.user_values = c(user_values)
+        self.app_values = c(app_values)
         self.delete_app_keys = c(
             delete(app_state).where(
                 app_state.c.org_id == bindparam("k_org"),
@@ -108,7 +129,7 @@ class Statements:
         self.update = c(self._update().returning(S.c.version, S.c.app_name, S.c.user_id))
         self.touch = c(
             update(S)
-            .where(SESSION_KEY)
+            .where(SESSION_KEY, SAME_LIFE)
             .values(
                 message_count=S.c.message_count + bindparam("v_messages"),
                 token_total=S.c.token_total + bindparam("v_tokens"),
@@ -208,7 +229,7 @@ class Statements:
     def _update() -> Any:
         return (
             update(S)
-            .where(SESSION_KEY, S.c.version == bindparam("v_expected"))
+            .where(SESSION_KEY, S.c.version == bindparam("v_expected"), SAME_LIFE)
             .values(
                 title=bindparam("v_title"),
                 state=bindparam("v_state", type_=JSONValue),
@@ -235,7 +256,7 @@ class Statements:
         # Appends may be conditional on the version the caller holds (None: unconditional).
         expected = bindparam("v_expected", type_=BigInteger)
         when = or_(expected.is_(None), S.c.version == expected)
-        return update(S).where(SESSION_KEY, when).values(values)
+        return update(S).where(SESSION_KEY, when, SAME_LIFE).values(values)
 
     @staticmethod
     def _append_returning() -> list[Any]:
@@ -351,10 +372,11 @@ class Statements:
             NOW,
             *counted,
             literal(1, BigInteger),
+            bindparam("v_child_incarnation", type_=Text),
         ).select_from(parent)
         columns = [
             "org_id", "id", "user_id", "app_name", "title", "state", "parent_id", "created_at",
-            "updated_at", "message_count", "token_total", "event_seq", "version",
+            "updated_at", "message_count", "token_total", "event_seq", "version", "incarnation",
         ]  # fmt: skip
         child = (
             self.ops.insert_if_absent(S)

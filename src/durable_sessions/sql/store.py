@@ -3,43 +3,72 @@
 from __future__ import annotations
 
 import builtins
+import time
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import and_, bindparam, delete, func, select
+from sqlalchemy import Text, and_, bindparam, delete, func, literal, select, true
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..errors import (
+    DeletionIncompleteError,
     InvalidArgumentError,
     SessionExistsError,
     SessionNotFoundError,
     StaleSessionError,
+    StoreError,
 )
 from ..model import Event, Filter, Session, new_id, utcnow
 from ..prepare import (
+    RECREATED,
     check_after,
     check_count,
     check_expected,
     check_limit,
     check_max_bytes,
-    check_older_than,
     check_session,
+    check_shared_deletes,
+    check_timeout,
     check_title,
     fork_state,
     merge_state,
     prepare_create,
     prepare_event,
     prepare_update,
+    purge_cutoff,
 )
 from ..state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, scope_of, validate_id
 from .dialect import dialect_ops, install_sqlite_pragmas
-from .runner import Program, Query, Result, make_runner
+from .runner import Mode, Program, Query, make_runner
 from .schema import events, sessions, user_state
 from .statements import META, Statements
 
 __all__ = ["SQLStore"]
 
 _BATCH = 500
+"""Sessions deleted per transaction by purge and delete_user."""
+# Postgres: lock_not_available (lock_timeout ran out), deadlock_detected.
+_LOCK_CONFLICTS = ("55P03", "40P01")
+
+
+class _Batch(NamedTuple):
+    """The statements of a batched delete (purge, delete_user)."""
+
+    pick: Any
+    drop_events: Any
+    drop_sessions: Any
+    count: Any
+    lock_timeout: Any
+
+
+def _lock_conflict(exc: BaseException) -> bool:
+    """Whether a store error was Postgres giving up a row lock wait (timeout or deadlock)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "sqlstate", None) in _LOCK_CONFLICTS:
+            return True
+        seen = seen.__cause__ or getattr(seen, "orig", None)
+    return False
 
 
 def _session(row: Any, state: dict[str, Any] | None = None) -> Session:
@@ -56,6 +85,7 @@ def _session(row: Any, state: dict[str, Any] | None = None) -> Session:
         token_total=row.token_total,
         version=row.version,
         parent_id=row.parent_id,
+        incarnation=row.incarnation,
     )
     if state is not None:
         session.mark_persisted()
@@ -131,6 +161,9 @@ class SQLStore:
     Args:
         engine: An engine on ``sqlite+aiosqlite://`` or ``postgresql+asyncpg://``.
         busy_timeout: SQLite only: seconds a writer waits for another writer's lock.
+        lock_timeout: Seconds ``purge`` and ``delete_user`` wait, in all, for sessions that
+            concurrent writers hold (Postgres row locks) or keep creating, before raising
+            ``DeletionIncompleteError``.
         max_value_bytes: The largest state value or event content accepted, as UTF-8 JSON;
             larger ones raise ``InvalidStateError``. None removes the limit.
 
@@ -143,6 +176,7 @@ class SQLStore:
         engine: AsyncEngine,
         *,
         busy_timeout: float = 30.0,
+        lock_timeout: float = 30.0,
         max_value_bytes: int | None = DEFAULT_MAX_VALUE_BYTES,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
@@ -152,6 +186,7 @@ class SQLStore:
         self._engine = engine
         self._owns_engine = False
         self.max_value_bytes = check_max_bytes(max_value_bytes)
+        self.lock_timeout = check_timeout("lock_timeout", lock_timeout)
         self._ops = dialect_ops(engine.dialect.name, engine.dialect.driver)
         self._pg = self._ops.is_postgres
         if not self._pg:
@@ -161,7 +196,15 @@ class SQLStore:
 
     @classmethod
     def from_url(cls, url: str, **engine_options: Any) -> SQLStore:
-        """Create a store with an engine of its own, which ``close()`` disposes."""
+        """Create a store with an engine of its own, which ``close()`` disposes.
+
+        ``url`` is an async URL or a plain ``sqlite://`` or ``postgresql://`` one, which gets
+        its async driver (the URLs the command line and ``alembic`` accept). Engine options
+        are passed to ``create_async_engine``.
+
+        Raises:
+            InvalidArgumentError: The URL is not valid or names an unsupported database.
+        """
         from ..urls import async_url
 
         store = cls(create_async_engine(async_url(url), **engine_options))
@@ -244,6 +287,7 @@ class SQLStore:
             "app_name": session.app_name, "title": session.title, "state": delta.private_set,
             "parent_id": session.parent_id, "created_at": now, "updated_at": now,
             "message_count": 0, "token_total": 0, "event_seq": 0, "version": 1,
+            "incarnation": new_id(),
         }  # fmt: skip
         program = self._create_pg(row, delta) if self._pg else self._create_sqlite(row, delta)
         user, app = await self._runner.run(program, "atomic" if self._pg else "write", "create")
@@ -252,6 +296,7 @@ class SQLStore:
         session.created_at = session.updated_at = now
         session.message_count = session.token_total = 0
         session.version = 1
+        session.incarnation = str(row["incarnation"])
         session.mark_persisted()
         return session
 
@@ -327,26 +372,56 @@ class SQLStore:
         now = utcnow()
         params = {
             "k_org": session.org_id, "k_id": session.id, "v_expected": session.version,
-            "v_title": session.title, "v_now": now,
+            "v_incarnation": session.incarnation, "v_title": session.title, "v_now": now,
             # The version check makes the stored private state equal to what this copy read.
             "v_state": {k: v for k, v in session.state.items() if scope_of(k) == "private"},
         }  # fmt: skip
+        guarded = bool(delta.user_deleted or delta.app_deleted)
         program = (
-            self._update_pg(params, delta)
+            self._update_pg(params, delta, guarded)
             if self._pg
             else self._update_sqlite(session, params, delta, now)
         )
-        version = await self._runner.run(program, "atomic" if self._pg else "write", "update")
+        # A delete of a shared key is checked against the value read, under a row lock taken
+        # in the same transaction: on Postgres that save needs a transaction of its own.
+        mode: Mode = "atomic" if self._pg and not guarded else "write"
+        version = await self._runner.run(program, mode, "update")
         session.version = version
         session.updated_at = now
         session.mark_persisted()
         return session
 
     def _stale(self, params: dict[str, Any]) -> Program[None]:
-        yield from self._require(params["k_org"], params["k_id"])
-        raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"])
+        """Raise why a guarded write wrote nothing: no session, another life of the id, or
+        another version."""
+        org_id, session_id = params["k_org"], params["k_id"]
+        found = (yield Query(self._q.meta, {"k_org": org_id, "k_id": session_id})).first()
+        if found is None:
+            raise SessionNotFoundError(org_id, session_id)
+        expected = params.get("v_expected") or 0
+        if params["v_incarnation"] not in (None, found.incarnation):
+            raise StaleSessionError(org_id, session_id, expected, RECREATED)
+        raise StaleSessionError(org_id, session_id, expected)
 
-    def _update_pg(self, params: dict[str, Any], delta: ScopedDelta) -> Program[int]:
+    def _check_shared_deletes(self, params: dict[str, Any], delta: ScopedDelta) -> Program[None]:
+        """Lock the shared keys a save deletes and check they hold what the copy read."""
+        org_id, session_id = params["k_org"], params["k_id"]
+        owner = (yield Query(self._q.meta, {"k_org": org_id, "k_id": session_id})).first()
+        if owner is None:
+            raise SessionNotFoundError(org_id, session_id)
+        stored: builtins.list[tuple[str, str, Any]] = []
+        key = {"k_org": org_id, "k_app": owner.app_name, "k_user": owner.user_id}
+        if delta.user_expected:
+            found = yield Query(self._q.user_values, {**key, "k_keys": sorted(delta.user_expected)})
+            stored += [("user", row.key, row.value) for row in found.rows]
+        if delta.app_expected:
+            found = yield Query(self._q.app_values, {**key, "k_keys": sorted(delta.app_expected)})
+            stored += [("app", row.key, row.value) for row in found.rows]
+        check_shared_deletes(org_id, session_id, params["v_expected"], stored, delta)
+
+    def _update_pg(self, params: dict[str, Any], delta: ScopedDelta, guarded: bool) -> Program[int]:
+        if guarded:
+            yield from self._check_shared_deletes(params, delta)
         done = (yield Query(self._q.pg_update, {**params, **self._shared_params(delta)})).first()
         if done is None:
             yield from self._stale(params)
@@ -358,6 +433,8 @@ class SQLStore:
         done = (yield Query(self._q.update, params)).first()
         if done is None:
             yield from self._stale(params)
+        if delta.user_deleted or delta.app_deleted:
+            yield from self._check_shared_deletes(params, delta)
         # The stored owner, not the copy's: a copy whose user_id or app_name was edited
         # still writes its shared keys where they belong.
         yield from self._write_shared(session.org_id, done.app_name, done.user_id, delta, now)
@@ -422,6 +499,7 @@ class SQLStore:
         event: Event,
         *,
         expected_version: int | None = None,
+        incarnation: str | None = None,
     ) -> Event:
         """Append an event and apply its state delta, atomically (see ``Store``)."""
         check_session(org_id, session_id)
@@ -429,7 +507,7 @@ class SQLStore:
         stored, delta = prepare_event(event, self.max_value_bytes)
         params: dict[str, Any] = {
             "k_org": org_id, "k_id": session_id, "v_tokens": stored.tokens, "v_now": utcnow(),
-            "v_expected": expected_version,
+            "v_expected": expected_version, "v_incarnation": incarnation,
         }  # fmt: skip
         if self._pg:
             program = self._append_pg(params, stored, delta)
@@ -449,13 +527,8 @@ class SQLStore:
         )  # fmt: skip
         row = (yield Query(self._q.pg_append, params)).first()
         if row is None:
-            yield from self._not_appended(params)
+            yield from self._stale(params)
         return int(row.event_seq)
-
-    def _not_appended(self, params: dict[str, Any]) -> Program[None]:
-        """Raise why an append wrote nothing: no such session, or not the expected version."""
-        yield from self._require(params["k_org"], params["k_id"])
-        raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"])
 
     def _append_sqlite(
         self, params: dict[str, Any], stored: Event, delta: ScopedDelta
@@ -471,7 +544,7 @@ class SQLStore:
         else:
             row = (yield Query(q.append, params)).first()
         if row is None:
-            yield from self._not_appended(params)
+            yield from self._stale(params)
         yield Query(
             q.insert_event,
             {
@@ -514,6 +587,7 @@ class SQLStore:
         messages: int = 0,
         tokens: int = 0,
         title: str = "",
+        incarnation: str | None = None,
     ) -> Session:
         """Add to the counters in SQL and title an untitled session; return its metadata."""
         check_session(org_id, session_id)
@@ -522,14 +596,14 @@ class SQLStore:
         check_title(title)
         params = {
             "k_org": org_id, "k_id": session_id, "v_messages": messages, "v_tokens": tokens,
-            "v_title": title, "v_now": utcnow(),
+            "v_title": title, "v_now": utcnow(), "v_incarnation": incarnation,
         }  # fmt: skip
         return await self._runner.run(self._touch(params), "atomic", "touch")
 
     def _touch(self, params: dict[str, Any]) -> Program[Session]:
         row = (yield Query(self._q.touch, params)).first()
         if row is None:
-            raise SessionNotFoundError(params["k_org"], params["k_id"])
+            yield from self._stale(params)
         return _session(row)
 
     async def fork(
@@ -547,7 +621,7 @@ class SQLStore:
         if self._pg:
             params = {
                 "k_org": org_id, "k_id": session_id, "k_child": child_id, "v_now": utcnow(),
-                "v_with_events": with_events,
+                "v_with_events": with_events, "v_child_incarnation": new_id(),
             }  # fmt: skip
             return await self._runner.run(self._fork_pg(params), "atomic", "fork")
         program = self._fork(org_id, session_id, child_id, with_events, utcnow())
@@ -577,6 +651,7 @@ class SQLStore:
             "message_count": parent.message_count if with_events else 0,
             "token_total": parent.token_total if with_events else 0,
             "event_seq": parent.event_seq if with_events else 0, "version": 1,
+            "incarnation": new_id(),
         }  # fmt: skip
         if (yield Query(q.insert_session, row)).first() is None:
             raise SessionExistsError(org_id, child_id)
@@ -592,14 +667,23 @@ class SQLStore:
 
     # -- retention -------------------------------------------------------------------------------
 
-    def _batch_statements(self, kind: str, where: Any) -> tuple[Any, Any, Any]:
+    def _batch_statements(self, kind: str, where: Any) -> _Batch:
         q, ops = self._q, self._ops
-        pick = select(sessions.c.id).where(where).limit(_BATCH)
+        # In index order, (updated_at, id) for purge and delete_user alike, so that batches
+        # stop early and two of them lock the sessions they share in the same order.
+        pick = (
+            select(sessions.c.id)
+            .where(where)
+            .order_by(sessions.c.updated_at, sessions.c.id)
+            .limit(_BATCH)
+        )
         if self._pg:
-            # Sessions being written right now are left for the next run, not waited on.
-            pick = pick.with_for_update(skip_locked=True)
+            # Sessions that writers hold are waited for, never skipped; once free, each row
+            # is checked against ``where`` again. The wait is bounded by the transaction's
+            # lock_timeout (see _delete_batch).
+            pick = pick.with_for_update()
         org = sessions.c.org_id == bindparam("k_org")
-        return (
+        return _Batch(
             q.shape((kind, "pick"), lambda: pick),
             q.shape(
                 "drop_events",
@@ -611,61 +695,117 @@ class SQLStore:
                 "drop_sessions",
                 lambda: delete(sessions).where(org, ops.in_list(sessions.c.id, "k_ids")),
             ),
+            q.shape((kind, "count"), lambda: select(func.count().label("n")).where(where)),
+            q.shape(
+                "lock_timeout",
+                lambda: select(
+                    func.set_config(
+                        literal("lock_timeout"), bindparam("v_wait", type_=Text), true()
+                    )
+                ),
+            ),
         )
 
-    def _delete_batch(self, stmts: tuple[Any, Any, Any], params: dict[str, Any]) -> Program[int]:
-        pick, drop_events, drop_sessions = stmts
-        ids = [row.id for row in (yield Query(pick, params)).rows]
+    def _delete_batch(
+        self, batch: _Batch, params: dict[str, Any], wait: float, last: Any
+    ) -> Program[int]:
+        """Delete up to _BATCH matching sessions with their events; return how many.
+
+        When none is left, run ``last`` (if any) in the same transaction.
+        """
+        if self._pg:  # a bound on each row lock this transaction waits for
+            yield Query(batch.lock_timeout, {"v_wait": f"{max(1, int(wait * 1000))}ms"})
+        ids = [row.id for row in (yield Query(batch.pick, params)).rows]
         if not ids:
+            if last is not None:
+                yield Query(last, params)
             return 0
-        yield Query(drop_events, {"k_org": params["k_org"], "k_ids": ids})
-        yield Query(drop_sessions, {"k_org": params["k_org"], "k_ids": ids})
+        yield Query(batch.drop_events, {"k_org": params["k_org"], "k_ids": ids})
+        yield Query(batch.drop_sessions, {"k_org": params["k_org"], "k_ids": ids})
         return len(ids)
 
-    async def _delete_all(self, kind: str, where: Any, params: dict[str, Any]) -> int:
-        stmts = self._batch_statements(kind, where)
+    async def _delete_all(
+        self, kind: str, where: Any, params: dict[str, Any], last: Any = None
+    ) -> int:
+        """Delete every session matching ``where``, in batches, until a batch finds none.
+
+        Each batch is a transaction of at most _BATCH sessions. A batch that finds fewer
+        does not end the run (rows can be added, or freed, meanwhile): only an empty one
+        does. Lock waits and deadlocks roll a batch back and it is tried again, until
+        ``lock_timeout`` has passed in all; then ``DeletionIncompleteError`` says what is left.
+        """
+        batch = self._batch_statements(kind, where)
+        deadline = time.monotonic() + self.lock_timeout
         total = 0
-        while True:  # bounded batches: no transaction holds more than _BATCH sessions
-            deleted = await self._runner.run(self._delete_batch(stmts, params), "write", kind)
-            total += deleted
-            if deleted < _BATCH:
+        while True:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                counts = await self._runner.run(
+                    self._rows(batch.count, params, _count), "read", kind
+                )
+                raise DeletionIncompleteError(kind, params["k_org"], total, int(counts[0]))
+            try:
+                deleted = await self._runner.run(
+                    self._delete_batch(batch, params, wait, last), "write", kind
+                )
+            except StoreError as exc:
+                if not _lock_conflict(exc):
+                    raise
+                continue
+            if not deleted:
                 return total
+            total += deleted
 
     async def purge(self, org_id: str, *, older_than: timedelta, dry_run: bool = False) -> int:
-        """Delete sessions not updated within ``older_than``, in batches; return the count."""
+        """Delete sessions not updated within ``older_than``, in batches; return the count.
+
+        Sessions that concurrent writers hold are waited for (up to ``lock_timeout`` in all)
+        and deleted if they are still that old, never skipped; a session written meanwhile is
+        new again and stays.
+
+        Raises:
+            InvalidArgumentError: ``older_than`` is negative, or reaches back before the year 1.
+            DeletionIncompleteError: writers held sessions past ``lock_timeout``; what was
+                deleted stays deleted, and running it again finishes the purge.
+        """
         validate_id("org_id", org_id)
-        params = {"k_org": org_id, "k_cutoff": utcnow() - check_older_than(older_than)}
+        params = {"k_org": org_id, "k_cutoff": purge_cutoff(older_than, utcnow())}
         where = and_(
             sessions.c.org_id == bindparam("k_org"),
             sessions.c.updated_at < bindparam("k_cutoff", type_=sessions.c.updated_at.type),
         )
         if dry_run:
-            stmt = self._q.shape(
-                ("purge", "count"), lambda: select(func.count().label("n")).where(where)
-            )
-            counts = await self._runner.run(self._rows(stmt, params, _count), "read", "purge")
+            count = self._batch_statements("purge", where).count
+            counts = await self._runner.run(self._rows(count, params, _count), "read", "purge")
             return int(counts[0])
         return await self._delete_all("purge", where, params)
 
     async def delete_user(self, org_id: str, user_id: str) -> int:
-        """Erase a user's sessions, events and ``user:`` state in one organisation."""
+        """Erase a user's sessions, events and ``user:`` state in one organisation.
+
+        Every session of the user that exists when it starts is deleted: sessions that
+        concurrent writers hold are waited for (up to ``lock_timeout`` in all), never
+        skipped. Sessions of the user created while it runs (by a create or a fork) are
+        erased too, as it goes on until a pass finds none left; the ``user:`` state goes in
+        that last pass. Only a session created after that pass survives: stop the user's
+        traffic first for an erasure nothing can follow.
+
+        Raises:
+            DeletionIncompleteError: writers held, or kept creating, sessions of the user
+                past ``lock_timeout``; what was deleted stays deleted, and running it again
+                finishes the erasure.
+        """
         validate_id("org_id", org_id)
         validate_id("user_id", user_id)
         params = {"k_org": org_id, "k_user": user_id}
         where = and_(
             sessions.c.org_id == bindparam("k_org"), sessions.c.user_id == bindparam("k_user")
         )
-        count = await self._delete_all("delete_user", where, params)
-        stmt = self._q.shape(
+        drop_state = self._q.shape(
             "drop_user_state",
             lambda: delete(user_state).where(
                 user_state.c.org_id == bindparam("k_org"),
                 user_state.c.user_id == bindparam("k_user"),
             ),
         )
-        await self._runner.run(self._exec(stmt, params), "atomic", "delete_user")
-        return count
-
-    @staticmethod
-    def _exec(stmt: Any, params: dict[str, Any]) -> Program[Result]:
-        return (yield Query(stmt, params))
+        return await self._delete_all("delete_user", where, params, drop_state)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .context import current_conversation_id, current_org_id
 from .errors import (
+    DeletionIncompleteError,
     InvalidArgumentError,
     InvalidStateError,
     MissingScopeError,
@@ -29,6 +30,7 @@ __all__ = [
     "APP_PREFIX",
     "TEMP_PREFIX",
     "USER_PREFIX",
+    "DeletionIncompleteError",
     "Event",
     "Filter",
     "InMemoryStore",

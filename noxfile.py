@@ -31,7 +31,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """Run mypy --strict on the package."""
-    session.install("-e", ".[sqlite,postgres,cli,adk]", "mypy")
+    session.install("-e", ".[sqlite,postgres,cli,adk,testing]", "mypy")
     session.run("mypy", "--strict", "src")
 
 

@@ -1,0 +1,1031 @@
+"""The Store contract, shipped: one suite that any ``Store`` implementation can run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from durable_sessions import (
+    Event,
+    Filter,
+    InvalidArgumentError,
+    InvalidStateError,
+    Manager,
+    Session,
+    SessionExistsError,
+    SessionNotFoundError,
+    SessionService,
+    StaleSessionError,
+    Store,
+    derive_title,
+)
+
+ORG = "org-a"
+OTHER_ORG = "org-b"
+USER = "alice"
+OTHER_USER = "bob"
+APP = "travel"
+OTHER_APP = "billing"
+
+
+def is_utc(moment: datetime) -> bool:
+    return moment.tzinfo is not None and moment.utcoffset() == timedelta(0)
+
+
+async def shared_state_of(manager: Manager, org_id: str, user_id: str) -> dict[str, Any]:
+    """The user: and app: state a brand-new session of this user sees."""
+    fresh = await manager.create(org_id, user_id)
+    return {k: v for k, v in fresh.state.items() if k.startswith(("user:", "app:"))}
+
+
+async def seqs(store: Store, org_id: str, session_id: str, **kwargs: Any) -> list[int]:
+    return [e.seq for e in await store.list_events(org_id, session_id, **kwargs)]
+
+
+# -- tenancy ----------------------------------------------------------------------------------
+
+
+async def _twins(manager: Manager) -> tuple[Session, Session]:
+    """The same session id, user and app in two organisations, with different state."""
+    a = await manager.create(
+        ORG, USER, id="twin", state={"p": "a", "user:u": "a", "app:x": "a"}, title="A"
+    )
+    b = await manager.create(
+        OTHER_ORG, USER, id="twin", state={"p": "b", "user:u": "b", "app:x": "b"}, title="B"
+    )
+    return a, b
+
+
+EMPTY_ORG_CALLS: dict[str, Callable[[Store], Awaitable[Any]]] = {
+    "store.create": lambda store: store.create(Session(id="s", org_id="", user_id=USER)),
+    "store.get": lambda store: store.get("", "s"),
+    "store.update": lambda store: store.update(Session(id="s", org_id="", user_id=USER)),
+    "store.delete": lambda store: store.delete("", "s"),
+    "store.append_event": lambda store: store.append_event("", "s", Event(author="user")),
+    "store.list_events": lambda store: store.list_events("", "s"),
+    "store.touch": lambda store: store.touch("", "s", messages=1),
+    "store.fork": lambda store: store.fork("", "s"),
+    "store.purge": lambda store: store.purge("", older_than=timedelta(0)),
+    "store.delete_user": lambda store: store.delete_user("", USER),
+    "manager.create": lambda store: Manager(store).create("", USER),
+}
+
+
+async def _five_events(store: Store, session_id: str) -> list[datetime]:
+    base = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+    stamps = [base + timedelta(seconds=i) for i in range(5)]
+    for i, stamp in enumerate(stamps):
+        await store.append_event(
+            ORG, session_id, Event(author="user", content=f"m{i}", timestamp=stamp)
+        )
+    return stamps
+
+
+# -- fork -------------------------------------------------------------------------------------
+
+
+async def _parent(manager: Manager, store: Store) -> Session:
+    parent = await manager.create(ORG, USER, state={"p": 1, "user:u": 1, "app:a": 1})
+    for i in range(3):
+        await store.append_event(ORG, parent.id, Event(author="user", content=f"m{i}", tokens=2))
+    return await manager.get(ORG, parent.id)
+
+
+class StoreContract:
+    """The ``Store`` contract as a pytest test class: subclass it and give it a ``store``.
+
+    Every test takes a fixture named ``store`` returning an empty store of the kind under
+    test (a fresh one per test) and checks what every ``Store`` must do: creation and ids,
+    tenancy, optimistic saves and conflicts, scoped state, counters, transcripts and their
+    reads, forks, retention and the refusals of bad input. The in-memory and SQL stores of
+    this package run through it unchanged; so can yours::
+
+        import pytest
+        from durable_sessions.testing import StoreContract
+
+        class TestMyStore(StoreContract):
+            @pytest.fixture
+            def store(self) -> MyStore:
+                return MyStore()
+
+    The tests are coroutines: run them with pytest-asyncio (``asyncio_mode = "auto"``, or
+    the ``asyncio`` mark, which this class carries). Install the ``testing`` extra.
+    """
+
+    pytestmark = pytest.mark.asyncio
+
+    @pytest.fixture
+    def manager(self, store: Store) -> Manager:
+        """A Manager of the app under test, over the store under test."""
+        return Manager(store, app_name=APP)
+
+    @pytest.fixture
+    def service(self, store: Store) -> SessionService:
+        """An ADK-style SessionService over the store under test."""
+        return SessionService(store)
+
+    # -- create and get ---------------------------------------------------------------------------
+
+    async def test_create_then_get_round_trips_a_session(self, manager: Manager) -> None:
+        created = await manager.create(ORG, USER, state={"step": 1}, title="Lisbon trip")
+        got = await manager.get(ORG, created.id)
+
+        assert (got.id, got.org_id, got.user_id, got.app_name) == (created.id, ORG, USER, APP)
+        assert got.title == "Lisbon trip"
+        assert got.state == {"step": 1}
+        assert (got.version, got.message_count, got.token_total) == (1, 0, 0)
+        assert got.parent_id is None
+        assert is_utc(got.created_at)
+        assert is_utc(got.updated_at)
+        assert got.created_at == created.created_at
+        assert got.updated_at == created.updated_at
+        assert abs(datetime.now(timezone.utc) - got.created_at) < timedelta(minutes=1)
+
+    async def test_create_uses_the_given_id(self, manager: Manager) -> None:
+        session = await manager.create(ORG, USER, id="my-own-id")
+        assert session.id == "my-own-id"
+        assert (await manager.get(ORG, "my-own-id")).user_id == USER
+
+    async def test_create_with_a_taken_id_raises_and_keeps_the_original(
+        self, manager: Manager
+    ) -> None:
+        original = await manager.create(ORG, USER, id="s1", state={"step": 1}, title="first")
+
+        with pytest.raises(SessionExistsError):
+            await manager.create(ORG, OTHER_USER, id="s1", state={"step": 2, "user:x": 1})
+
+        got = await manager.get(ORG, "s1")
+        assert (got.user_id, got.title, got.state, got.version) == (USER, "first", {"step": 1}, 1)
+        assert got.created_at == original.created_at
+        assert await shared_state_of(manager, ORG, OTHER_USER) == {}
+
+    async def test_get_of_an_unknown_id_raises(self, manager: Manager) -> None:
+        with pytest.raises(SessionNotFoundError):
+            await manager.get(ORG, "nope")
+
+    async def test_delete_of_an_unknown_id_raises(self, manager: Manager) -> None:
+        session = await manager.create(ORG, USER)
+        await manager.delete(ORG, session.id)
+        with pytest.raises(SessionNotFoundError):
+            await manager.delete(ORG, session.id)
+        with pytest.raises(SessionNotFoundError):
+            await manager.delete(ORG, "never-existed")
+
+    async def test_save_of_a_deleted_session_raises(self, manager: Manager) -> None:
+        session = await manager.create(ORG, USER)
+        await manager.delete(ORG, session.id)
+        session.set("k", 1)
+        with pytest.raises(SessionNotFoundError):
+            await manager.save(session)
+
+    async def test_the_same_id_in_two_orgs_is_two_independent_sessions(
+        self, manager: Manager
+    ) -> None:
+        await _twins(manager)
+        a = await manager.get(ORG, "twin")
+        a.set("p", "a2")
+        a.set("user:u", "a2")
+        a.set("app:x", "a2")
+        await manager.save(a)
+
+        b = await manager.get(OTHER_ORG, "twin")
+        assert (b.title, b.state) == ("B", {"p": "b", "user:u": "b", "app:x": "b"})
+        assert (await manager.get(ORG, "twin")).state == {"p": "a2", "user:u": "a2", "app:x": "a2"}
+
+    async def test_events_never_cross_orgs(self, manager: Manager, store: Store) -> None:
+        await _twins(manager)
+        await store.append_event(ORG, "twin", Event(author="user", content="a"))
+
+        assert await store.list_events(OTHER_ORG, "twin") == []
+        appended = await store.append_event(OTHER_ORG, "twin", Event(author="user", content="b"))
+        assert appended.seq == 1
+        assert [e.content for e in await store.list_events(ORG, "twin")] == ["a"]
+
+    async def test_list_and_delete_never_cross_orgs(self, manager: Manager) -> None:
+        await _twins(manager)
+        assert [s.title for s in await manager.list(Filter(ORG))] == ["A"]
+
+        await manager.delete(ORG, "twin")
+
+        assert (await manager.get(OTHER_ORG, "twin")).state["p"] == "b"
+        assert [s.title for s in await manager.list(Filter(OTHER_ORG))] == ["B"]
+
+    async def test_purge_and_delete_user_never_cross_orgs(self, manager: Manager) -> None:
+        await _twins(manager)
+        await asyncio.sleep(0.002)
+
+        assert await manager.purge(ORG, older_than=timedelta(0)) == 1
+        assert await manager.delete_user(ORG, USER) == 0
+
+        b = await manager.get(OTHER_ORG, "twin")
+        assert b.state == {"p": "b", "user:u": "b", "app:x": "b"}
+
+    @pytest.mark.parametrize("call", sorted(EMPTY_ORG_CALLS))
+    async def test_an_empty_org_id_is_refused(self, store: Store, call: str) -> None:
+        with pytest.raises(InvalidArgumentError):
+            await EMPTY_ORG_CALLS[call](store)
+
+    async def test_an_empty_org_id_in_a_filter_or_service_is_refused(self, store: Store) -> None:
+        with pytest.raises(InvalidArgumentError):
+            Filter(org_id="")
+        with pytest.raises(InvalidArgumentError):
+            SessionService(store, org_id="")
+
+    async def test_an_empty_org_id_scans_nothing(self, manager: Manager) -> None:
+        await manager.create(ORG, USER)
+        with pytest.raises(InvalidArgumentError):
+            await manager.purge("", older_than=timedelta(0))
+        assert len(await manager.list(Filter(ORG))) == 1
+
+    # -- state scoping ----------------------------------------------------------------------------
+
+    async def test_private_state_belongs_to_one_session(self, manager: Manager) -> None:
+        first = await manager.create(ORG, USER)
+        second = await manager.create(ORG, USER)
+        first.set("draft", "hello")
+        await manager.save(first)
+
+        assert "draft" not in (await manager.get(ORG, second.id)).state
+        assert (await manager.get(ORG, first.id)).state["draft"] == "hello"
+
+    async def test_user_state_is_shared_by_one_users_sessions_of_one_app(
+        self, manager: Manager, store: Store
+    ) -> None:
+        first = await manager.create(ORG, USER)
+        second = await manager.create(ORG, USER)
+        first.set("user:lang", "pt")
+        await manager.save(first)
+
+        assert (await manager.get(ORG, second.id)).state["user:lang"] == "pt"
+        assert (await manager.create(ORG, USER)).state["user:lang"] == "pt"
+        assert await shared_state_of(manager, ORG, OTHER_USER) == {}
+        assert await shared_state_of(Manager(store, app_name=OTHER_APP), ORG, USER) == {}
+        assert await shared_state_of(manager, OTHER_ORG, USER) == {}
+
+    async def test_app_state_is_shared_by_one_apps_sessions_in_one_org(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        session.set("app:model", "small")
+        await manager.save(session)
+
+        assert await shared_state_of(manager, ORG, OTHER_USER) == {"app:model": "small"}
+        assert await shared_state_of(Manager(store, app_name=OTHER_APP), ORG, USER) == {}
+        assert await shared_state_of(manager, OTHER_ORG, USER) == {}
+
+    async def test_temp_state_is_visible_on_the_object_but_never_stored(
+        self, manager: Manager
+    ) -> None:
+        session = await manager.create(ORG, USER, state={"temp:a": 1, "kept": 1})
+        session.set("temp:b", 2)
+        await manager.save(session)
+
+        assert session.get("temp:a") == 1
+        assert session.get("temp:b") == 2
+        assert (await manager.get(ORG, session.id)).state == {"kept": 1}
+
+    # -- saving writes deltas, optimistically -----------------------------------------------------
+
+    async def test_a_stale_copy_never_overwrites_a_newer_shared_value(
+        self, manager: Manager
+    ) -> None:
+        first = await manager.create(ORG, USER, state={"user:x": "old"})
+        second = await manager.create(ORG, USER)
+        b = await manager.get(ORG, second.id)  # loaded now: holds user:x == "old"
+        a = await manager.get(ORG, first.id)
+        a.set("user:x", "new")
+        await manager.save(a)
+
+        b.set("note", "unrelated")
+        await manager.save(b)
+
+        assert (await manager.get(ORG, second.id)).state == {"user:x": "new", "note": "unrelated"}
+        assert (await manager.get(ORG, first.id)).state["user:x"] == "new"
+
+    async def test_shared_and_private_keys_can_be_deleted(self, manager: Manager) -> None:
+        first = await manager.create(ORG, USER, state={"user:x": 1, "app:y": 2, "p": 3})
+        other = await manager.get(ORG, (await manager.create(ORG, USER)).id)
+        other.delete("user:x")
+        other.delete("app:y")
+        await manager.save(other)
+        first = await manager.get(ORG, first.id)
+        first.delete("p")
+        await manager.save(first)
+
+        assert (await manager.get(ORG, first.id)).state == {}
+        assert await shared_state_of(manager, ORG, USER) == {}
+
+    async def test_the_first_save_wins_and_the_stale_save_writes_nothing(
+        self, manager: Manager
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        a = await manager.get(ORG, session.id)
+        b = await manager.get(ORG, session.id)
+        a.set("from_a", 1)
+        await manager.save(a)
+
+        b.set("from_b", 2)
+        b.set("user:from_b", 2)
+        b.set("app:from_b", 2)
+        with pytest.raises(StaleSessionError):
+            await manager.save(b)
+
+        got = await manager.get(ORG, session.id)
+        assert (got.state, got.version) == ({"from_a": 1}, 2)
+        assert await shared_state_of(manager, ORG, USER) == {}
+
+    async def test_saving_the_same_object_again_works(self, manager: Manager) -> None:
+        session = await manager.create(ORG, USER)
+        session.set("a", 1)
+        await manager.save(session)
+        session.set("b", 2)
+        await manager.save(session)
+        session.delete("a")
+        await manager.save(session)
+
+        got = await manager.get(ORG, session.id)
+        assert (got.state, got.version) == ({"b": 2}, 4)
+        assert session.version == 4
+
+    async def test_save_writes_the_title(self, manager: Manager) -> None:
+        session = await manager.create(ORG, USER)
+        session.title = "Renamed"
+        await manager.save(session)
+        assert (await manager.get(ORG, session.id)).title == "Renamed"
+
+    async def test_returned_sessions_are_copies(self, manager: Manager, store: Store) -> None:
+        created = await manager.create(ORG, USER, state={"nested": {"items": [1]}, "user:u": [1]})
+        created.state["nested"]["items"].append(2)
+        created.title = "changed"
+        got = await manager.get(ORG, created.id)
+        got.state["nested"]["items"].append(3)
+        got.state["user:u"].append(3)
+        got.state["extra"] = 1
+        (listed,) = await manager.list(Filter(ORG))
+        listed.title = "changed too"
+        await store.append_event(ORG, created.id, Event(author="user", content={"text": ["hi"]}))
+        (event,) = await store.list_events(ORG, created.id)
+        event.content["text"].append("changed")
+
+        fresh = await manager.get(ORG, created.id)
+        assert fresh.state == {"nested": {"items": [1]}, "user:u": [1]}
+        assert fresh.title == ""
+        assert (await store.list_events(ORG, created.id))[0].content == {"text": ["hi"]}
+
+    # -- list -------------------------------------------------------------------------------------
+
+    async def test_list_is_newest_updated_first(self, manager: Manager) -> None:
+        ids = []
+        for _ in range(3):
+            ids.append((await manager.create(ORG, USER)).id)
+            await asyncio.sleep(0.002)
+        assert [s.id for s in await manager.list(Filter(ORG))] == ids[::-1]
+
+        await manager.touch(await manager.get(ORG, ids[0]))
+
+        assert [s.id for s in await manager.list(Filter(ORG))] == [ids[0], ids[2], ids[1]]
+
+    async def test_list_returns_metadata_only(self, manager: Manager, store: Store) -> None:
+        session = await manager.create(
+            ORG, USER, state={"p": 1, "user:u": 2, "app:a": 3}, title="T"
+        )
+        await store.append_event(ORG, session.id, Event(author="user", content="hi", tokens=7))
+
+        (listed,) = await manager.list(Filter(ORG))
+
+        assert listed.state == {}
+        assert listed.events == []
+        assert (listed.id, listed.user_id, listed.app_name, listed.title) == (
+            session.id,
+            USER,
+            APP,
+            "T",
+        )
+        assert (listed.message_count, listed.token_total) == (1, 7)
+
+    async def test_list_honours_limit_and_zero_means_all(self, manager: Manager) -> None:
+        ids = []
+        for _ in range(5):
+            ids.append((await manager.create(ORG, USER)).id)
+            await asyncio.sleep(0.002)
+
+        assert [s.id for s in await manager.list(Filter(ORG, limit=2))] == ids[:2:-1]
+        assert len(await manager.list(Filter(ORG, limit=0))) == 5
+        assert len(await manager.list(Filter(ORG, limit=50))) == 5
+
+    async def test_list_filters_by_user_app_and_parent(
+        self, manager: Manager, store: Store
+    ) -> None:
+        mine = await manager.create(ORG, USER)
+        theirs = await manager.create(ORG, OTHER_USER)
+        other_app = await Manager(store, app_name=OTHER_APP).create(ORG, USER)
+        child = await manager.fork(ORG, mine.id)
+
+        def ids(sessions: list[Session]) -> set[str]:
+            return {s.id for s in sessions}
+
+        assert ids(await manager.list(Filter(ORG, user_id=USER))) == {
+            mine.id,
+            other_app.id,
+            child.id,
+        }
+        assert ids(await manager.list(Filter(ORG, user_id=OTHER_USER))) == {theirs.id}
+        assert ids(await manager.list(Filter(ORG, app_name=OTHER_APP))) == {other_app.id}
+        assert ids(await manager.list(Filter(ORG, app_name=APP))) == {mine.id, theirs.id, child.id}
+        assert ids(await manager.list(Filter(ORG, user_id=OTHER_USER, app_name=OTHER_APP))) == set()
+        assert ids(await manager.list(Filter(ORG, parent_id=mine.id))) == {child.id}
+        assert ids(await manager.list(Filter(ORG))) == {mine.id, theirs.id, other_app.id, child.id}
+
+    # -- touch ------------------------------------------------------------------------------------
+
+    async def test_touch_adds_to_the_counters(self, manager: Manager) -> None:
+        session = await manager.create(ORG, USER)
+        await manager.touch(session, messages=2, tokens=10)
+        await manager.touch(session, messages=1, tokens=5)
+
+        got = await manager.get(ORG, session.id)
+        assert (got.message_count, got.token_total) == (3, 15)
+        assert (session.message_count, session.token_total) == (3, 15)
+
+    async def test_touch_titles_an_untitled_session_from_the_first_message(
+        self, manager: Manager
+    ) -> None:
+        message = "Please help me plan a two week trip through Portugal and Spain in late spring"
+        session = await manager.create(ORG, USER)
+
+        await manager.touch(session, first_message=message)
+
+        assert session.title == derive_title(message)
+        assert (await manager.get(ORG, session.id)).title == derive_title(message)
+        assert [s.title for s in await manager.list(Filter(ORG))] == [derive_title(message)]
+
+    async def test_touch_never_retitles_a_titled_session(self, manager: Manager) -> None:
+        titled = await manager.create(ORG, USER, title="Mine")
+        await manager.touch(titled, first_message="Something else entirely")
+        assert (await manager.get(ORG, titled.id)).title == "Mine"
+
+        untitled = await manager.create(ORG, USER)
+        a = await manager.get(ORG, untitled.id)
+        b = await manager.get(ORG, untitled.id)  # also untitled when loaded
+        await manager.touch(a, first_message="First question")
+        await manager.touch(b, first_message="Second question")
+
+        assert (await manager.get(ORG, untitled.id)).title == "First question"
+        assert b.title == "First question"
+
+    async def test_touch_keeps_a_title_set_on_the_object(self, manager: Manager) -> None:
+        session = await manager.create(ORG, USER)
+        session.title = "Chosen"
+
+        await manager.touch(session, first_message="Something else")
+        await manager.save(session)
+
+        assert session.title == "Chosen"
+        assert (await manager.get(ORG, session.id)).title == "Chosen"
+
+    async def test_touch_moves_version_and_updated_at_and_a_later_save_works(
+        self,
+        manager: Manager,
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        before = await manager.get(ORG, session.id)
+        await asyncio.sleep(0.002)
+
+        await manager.touch(session, messages=1, tokens=1, first_message="hello")
+
+        after = await manager.get(ORG, session.id)
+        assert after.version == before.version + 1
+        assert after.updated_at > before.updated_at
+        session.set("k", 1)
+        await manager.save(session)
+        assert (await manager.get(ORG, session.id)).state == {"k": 1}
+
+    async def test_touch_of_an_unknown_session_raises(self, manager: Manager, store: Store) -> None:
+        with pytest.raises(SessionNotFoundError):
+            await store.touch(ORG, "nope", messages=1)
+
+    async def test_concurrent_touches_lose_no_increment(self, manager: Manager) -> None:
+        session = await manager.create(ORG, USER)
+        copies = [await manager.get(ORG, session.id) for _ in range(20)]
+
+        await asyncio.gather(*(manager.touch(c, messages=1, tokens=3) for c in copies))
+
+        got = await manager.get(ORG, session.id)
+        assert (got.message_count, got.token_total, got.version) == (20, 60, 21)
+
+    # -- events -----------------------------------------------------------------------------------
+
+    async def test_append_event_assigns_seqs_and_returns_the_stored_event(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        sent = Event(
+            author="agent",
+            content={"text": "hi"},
+            invocation_id="inv-1",
+            state_delta={"p": 1, "temp:scratch": 2},
+            tokens=5,
+        )
+
+        first = await store.append_event(ORG, session.id, sent)
+        second = await store.append_event(ORG, session.id, Event(author="user"))
+        third = await store.append_event(ORG, session.id, Event(author="user"))
+
+        assert [first.seq, second.seq, third.seq] == [1, 2, 3]
+        assert (first.id, first.author, first.invocation_id) == (sent.id, "agent", "inv-1")
+        assert (first.content, first.tokens, first.timestamp) == ({"text": "hi"}, 5, sent.timestamp)
+        assert first.state_delta == {"p": 1}
+        assert await seqs(store, ORG, session.id) == [1, 2, 3]
+
+    async def test_append_event_applies_the_delta_by_scope(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        delta = {"p": 1, "user:u": 2, "app:a": 3, "temp:t": 4}
+
+        await store.append_event(ORG, session.id, Event(author="agent", state_delta=delta))
+
+        assert (await manager.get(ORG, session.id)).state == {"p": 1, "user:u": 2, "app:a": 3}
+        assert await shared_state_of(manager, ORG, USER) == {"user:u": 2, "app:a": 3}
+        assert await shared_state_of(manager, ORG, OTHER_USER) == {"app:a": 3}
+        (stored,) = await store.list_events(ORG, session.id)
+        assert stored.state_delta == {"p": 1, "user:u": 2, "app:a": 3}
+
+    async def test_append_event_counts_messages_and_tokens_and_moves_version(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        for tokens in (3, 0, 10):
+            before = await manager.get(ORG, session.id)
+            await store.append_event(ORG, session.id, Event(author="user", tokens=tokens))
+            after = await manager.get(ORG, session.id)
+            assert after.message_count == before.message_count + 1
+            assert after.token_total == before.token_total + tokens
+            assert after.version > before.version
+
+        # A copy loaded before the appends is now stale.
+        session.set("k", 1)
+        with pytest.raises(StaleSessionError):
+            await manager.save(session)
+
+    async def test_list_events_is_oldest_first_and_limit_keeps_the_newest(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        await _five_events(store, session.id)
+
+        events = await store.list_events(ORG, session.id)
+        assert [e.content for e in events] == ["m0", "m1", "m2", "m3", "m4"]
+        assert await seqs(store, ORG, session.id, limit=2) == [4, 5]
+        assert await seqs(store, ORG, session.id, limit=9) == [1, 2, 3, 4, 5]
+        assert await store.list_events(ORG, session.id, limit=0) == []
+
+    async def test_list_events_after_keeps_strictly_later_events(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        stamps = await _five_events(store, session.id)
+
+        assert await seqs(store, ORG, session.id, after=stamps[2]) == [4, 5]
+        assert await seqs(store, ORG, session.id, after=stamps[2] - timedelta(microseconds=1)) == [
+            3,
+            4,
+            5,
+        ]
+        plus_two = timezone(timedelta(hours=2))
+        assert await seqs(store, ORG, session.id, after=stamps[3].astimezone(plus_two)) == [5]
+        assert await seqs(store, ORG, session.id, after=stamps[1], limit=1) == [5]
+        assert await store.list_events(ORG, session.id, after=stamps[4]) == []
+
+    async def test_list_events_refuses_a_naive_after(self, manager: Manager, store: Store) -> None:
+        session = await manager.create(ORG, USER)
+        with pytest.raises(InvalidArgumentError):
+            await store.list_events(ORG, session.id, after=datetime(2024, 1, 1))
+
+    async def test_list_events_of_an_unknown_session_raises(self, store: Store) -> None:
+        with pytest.raises(SessionNotFoundError):
+            await store.list_events(ORG, "nope")
+
+    async def test_append_event_to_an_unknown_session_raises(self, store: Store) -> None:
+        with pytest.raises(SessionNotFoundError):
+            await store.append_event(ORG, "nope", Event(author="user"))
+
+    @pytest.mark.parametrize(
+        "content",
+        [
+            None,
+            True,
+            0,
+            -7,
+            2.5,
+            "plain text, ünïcödé 🌍",
+            "",
+            [],
+            {},
+            [1, "two", None, 3.5, False],
+            {
+                "role": "model",
+                "parts": [{"text": "hi"}, {"function_call": {"name": "f", "args": {}}}],
+            },
+        ],
+    )
+    async def test_event_content_of_any_json_value_round_trips(
+        self, manager: Manager, store: Store, content: Any
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        await store.append_event(ORG, session.id, Event(author="user", content=content))
+
+        (event,) = await store.list_events(ORG, session.id)
+        assert event.content == content
+        assert type(event.content) is type(content)
+
+    @pytest.mark.parametrize("hours", [0, 2, -5, 5.5])
+    async def test_event_timestamps_come_back_equal_and_in_utc(
+        self, manager: Manager, store: Store, hours: float
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        given = datetime(2024, 3, 9, 23, 30, 15, 123456, tzinfo=timezone(timedelta(hours=hours)))
+        await store.append_event(ORG, session.id, Event(author="user", timestamp=given))
+        await store.append_event(ORG, session.id, Event(author="user"))
+
+        stored, defaulted = await store.list_events(ORG, session.id)
+        assert stored.timestamp == given
+        assert is_utc(stored.timestamp)
+        assert is_utc(defaulted.timestamp)
+
+    async def test_a_refused_event_writes_nothing(self, manager: Manager, store: Store) -> None:
+        session = await manager.create(ORG, USER)
+        with pytest.raises(InvalidStateError):
+            await store.append_event(
+                ORG,
+                session.id,
+                Event(author="user", content=float("nan"), state_delta={"p": 1}, tokens=5),
+            )
+
+        got = await manager.get(ORG, session.id)
+        assert (got.message_count, got.token_total, got.version, got.state) == (0, 0, 1, {})
+        assert await store.list_events(ORG, session.id) == []
+        assert (await store.append_event(ORG, session.id, Event(author="user"))).seq == 1
+
+    async def test_concurrent_appends_get_gapless_seqs_and_keep_every_key(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+
+        async def writer(task: int) -> None:
+            for i in range(25):
+                event = Event(author=f"task-{task}", state_delta={f"k{task}-{i}": i}, tokens=1)
+                await store.append_event(ORG, session.id, event)
+
+        await asyncio.gather(*(writer(t) for t in range(8)))
+
+        assert await seqs(store, ORG, session.id) == list(range(1, 201))
+        got = await manager.get(ORG, session.id)
+        assert got.state == {f"k{t}-{i}": i for t in range(8) for i in range(25)}
+        assert (got.message_count, got.token_total) == (200, 200)
+
+    # -- SessionService (ADK style) ---------------------------------------------------------------
+
+    async def test_service_create_with_and_without_an_id(self, service: SessionService) -> None:
+        generated = await service.create(app_name=APP, user_id=USER, state={"p": 1, "user:u": 2})
+        chosen = await service.create(app_name=APP, user_id=USER, session_id="chosen")
+
+        assert generated.id
+        assert generated.id != chosen.id
+        assert chosen.id == "chosen"
+        got = await service.get(app_name=APP, user_id=USER, session_id=generated.id)
+        assert got.state == {"p": 1, "user:u": 2}
+        assert (await service.get(app_name=APP, user_id=USER, session_id="chosen")).state == {
+            "user:u": 2
+        }
+        with pytest.raises(SessionExistsError):
+            await service.create(app_name=APP, user_id=USER, session_id="chosen")
+
+    async def test_service_get_loads_events(self, service: SessionService) -> None:
+        session = await service.create(app_name=APP, user_id=USER)
+        base = datetime(2024, 5, 1, tzinfo=timezone.utc)
+        for i in range(4):
+            event = Event(author="user", content=i, timestamp=base + timedelta(minutes=i))
+            await service.append_event(session.id, event)
+
+        def contents(s: Session) -> list[Any]:
+            return [e.content for e in s.events]
+
+        full = await service.get(app_name=APP, user_id=USER, session_id=session.id)
+        recent = await service.get(
+            app_name=APP, user_id=USER, session_id=session.id, num_recent_events=2
+        )
+        later = await service.get(
+            app_name=APP, user_id=USER, session_id=session.id, after=base + timedelta(minutes=1)
+        )
+        both = await service.get(
+            app_name=APP,
+            user_id=USER,
+            session_id=session.id,
+            num_recent_events=1,
+            after=base,
+        )
+        assert contents(full) == [0, 1, 2, 3]
+        assert contents(recent) == [2, 3]
+        assert contents(later) == [2, 3]
+        assert contents(both) == [3]
+        assert full.message_count == 4
+
+    async def test_service_get_with_the_wrong_app_or_user_raises(
+        self, service: SessionService
+    ) -> None:
+        session = await service.create(app_name=APP, user_id=USER)
+        with pytest.raises(SessionNotFoundError):
+            await service.get(app_name=OTHER_APP, user_id=USER, session_id=session.id)
+        with pytest.raises(SessionNotFoundError):
+            await service.get(app_name=APP, user_id=OTHER_USER, session_id=session.id)
+        with pytest.raises(SessionNotFoundError):
+            await service.get(app_name=APP, user_id=USER, session_id="nope")
+
+    async def test_service_list_is_by_app_and_user(self, service: SessionService) -> None:
+        mine = [(await service.create(app_name=APP, user_id=USER)).id for _ in range(2)]
+        await service.create(app_name=APP, user_id=OTHER_USER)
+        await service.create(app_name=OTHER_APP, user_id=USER)
+
+        listed = await service.list(app_name=APP, user_id=USER)
+        assert {s.id for s in listed} == set(mine)
+        assert await service.list(app_name=OTHER_APP, user_id=OTHER_USER) == []
+
+    async def test_service_delete(self, service: SessionService) -> None:
+        session = await service.create(app_name=APP, user_id=USER)
+        with pytest.raises(SessionNotFoundError):
+            await service.delete(app_name=APP, user_id=OTHER_USER, session_id=session.id)
+        assert (
+            await service.get(app_name=APP, user_id=USER, session_id=session.id)
+        ).id == session.id
+
+        await service.delete(app_name=APP, user_id=USER, session_id=session.id)
+
+        with pytest.raises(SessionNotFoundError):
+            await service.get(app_name=APP, user_id=USER, session_id=session.id)
+
+    async def test_service_append_event_by_id(self, service: SessionService) -> None:
+        session = await service.create(app_name=APP, user_id=USER)
+        stored = await service.append_event(session.id, Event(author="user", state_delta={"p": 1}))
+
+        assert stored.seq == 1
+        got = await service.get(app_name=APP, user_id=USER, session_id=session.id)
+        assert got.state == {"p": 1}
+        assert [e.id for e in got.events] == [stored.id]
+
+    async def test_service_append_event_updates_the_session_object_in_place(
+        self, service: SessionService, store: Store
+    ) -> None:
+        session = await service.create(app_name=APP, user_id=USER)
+        created_at, updated_at = session.created_at, session.updated_at
+        yesterday = datetime.now(timezone.utc) - timedelta(days=1)  # e.g. an imported transcript
+        event = Event(
+            author="agent", state_delta={"p": 1, "temp:t": 2}, tokens=4, timestamp=yesterday
+        )
+
+        stored = await service.append_event(session, event)
+
+        assert session.events == [stored]
+        assert session.state == {"p": 1, "temp:t": 2}
+        assert (session.message_count, session.token_total) == (1, 4)
+        assert session.created_at == created_at
+        assert session.updated_at >= updated_at
+        session.set("q", 2)
+        await store.update(session)  # the object's version kept up with the store's
+        got = await service.get(app_name=APP, user_id=USER, session_id=session.id)
+        assert got.state == {"p": 1, "q": 2}
+
+    async def test_fork_copies_private_state_and_records_the_parent(
+        self, manager: Manager, store: Store
+    ) -> None:
+        parent = await _parent(manager, store)
+
+        child = await manager.fork(ORG, parent.id)
+
+        assert child.id != parent.id
+        assert child.parent_id == parent.id
+        assert child.state == {"p": 1, "forked_from": parent.id, "user:u": 1, "app:a": 1}
+        stored = await manager.get(ORG, child.id)
+        assert (stored.parent_id, stored.state) == (parent.id, child.state)
+        assert (stored.org_id, stored.user_id, stored.app_name) == (ORG, USER, APP)
+        assert stored.version == 1
+        assert await store.list_events(ORG, child.id) == []
+
+    async def test_fork_leaves_the_parent_untouched(self, manager: Manager, store: Store) -> None:
+        parent = await _parent(manager, store)
+        child = await manager.fork(ORG, parent.id, with_events=True)
+        child.set("p", 2)
+        child.set("child_only", True)
+        await manager.save(child)
+        await store.append_event(ORG, child.id, Event(author="user", content="child"))
+
+        after = await manager.get(ORG, parent.id)
+        assert after.state == parent.state
+        assert (after.version, after.message_count, after.token_total) == (
+            parent.version,
+            parent.message_count,
+            parent.token_total,
+        )
+        assert [e.content for e in await store.list_events(ORG, parent.id)] == ["m0", "m1", "m2"]
+
+    async def test_fork_shares_user_and_app_state(self, manager: Manager, store: Store) -> None:
+        parent = await _parent(manager, store)
+        child = await manager.fork(ORG, parent.id)
+
+        parent.set("user:u", 2)
+        parent.set("app:a", 2)
+        await manager.save(parent)
+
+        got = await manager.get(ORG, child.id)
+        assert (got.state["user:u"], got.state["app:a"]) == (2, 2)
+
+    async def test_fork_with_events_copies_the_transcript(
+        self, manager: Manager, store: Store
+    ) -> None:
+        parent = await _parent(manager, store)
+
+        child = await manager.fork(ORG, parent.id, with_events=True)
+
+        copied = await store.list_events(ORG, child.id)
+        assert [(e.seq, e.content, e.author) for e in copied] == [
+            (1, "m0", "user"),
+            (2, "m1", "user"),
+            (3, "m2", "user"),
+        ]
+        appended = await store.append_event(ORG, child.id, Event(author="user", content="next"))
+        assert appended.seq == 4
+        assert await seqs(store, ORG, parent.id) == [1, 2, 3]
+        assert (await store.append_event(ORG, parent.id, Event(author="user"))).seq == 4
+
+    async def test_fork_of_an_unknown_session_raises(self, manager: Manager) -> None:
+        with pytest.raises(SessionNotFoundError):
+            await manager.fork(ORG, "nope")
+
+    # -- delete, purge, delete_user ---------------------------------------------------------------
+
+    async def test_delete_removes_the_events_and_a_recreated_session_starts_afresh(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER, id="again", state={"p": 1, "user:u": 1})
+        for _ in range(3):
+            await store.append_event(ORG, "again", Event(author="user"))
+
+        await manager.delete(ORG, "again")
+
+        with pytest.raises(SessionNotFoundError):
+            await store.list_events(ORG, "again")
+        with pytest.raises(SessionNotFoundError):
+            await manager.get(ORG, session.id)
+        recreated = await manager.create(ORG, USER, id="again")
+        assert recreated.state == {"user:u": 1}  # shared state outlives one session
+        assert await store.list_events(ORG, "again") == []
+        assert (await store.append_event(ORG, "again", Event(author="user"))).seq == 1
+        assert (await manager.get(ORG, "again")).message_count == 1
+
+    async def test_purge_removes_only_sessions_idle_since_the_cutoff(
+        self, manager: Manager, store: Store
+    ) -> None:
+        old = [(await manager.create(ORG, USER)).id for _ in range(2)]
+        kept = await manager.create(ORG, USER)
+        other_org = await manager.create(OTHER_ORG, USER)
+        await store.append_event(ORG, old[0], Event(author="user"))
+        await asyncio.sleep(0.3)
+        await manager.touch(kept)
+        cutoff = timedelta(milliseconds=200)
+
+        assert await manager.purge(ORG, older_than=cutoff, dry_run=True) == 2
+        assert len(await manager.list(Filter(ORG))) == 3
+
+        assert await manager.purge(ORG, older_than=cutoff) == 2
+
+        assert [s.id for s in await manager.list(Filter(ORG))] == [kept.id]
+        for session_id in old:
+            with pytest.raises(SessionNotFoundError):
+                await store.list_events(ORG, session_id)
+        assert (await manager.get(OTHER_ORG, other_org.id)).id == other_org.id
+        assert await manager.purge(ORG, older_than=cutoff) == 0
+
+    async def test_delete_user_erases_sessions_events_and_user_state(
+        self, manager: Manager, store: Store
+    ) -> None:
+        other_app = Manager(store, app_name=OTHER_APP)
+        doomed = [
+            await manager.create(ORG, USER, state={"user:u": 1, "app:a": 1}),
+            await manager.create(ORG, USER),
+            await other_app.create(ORG, USER, state={"user:u": 1}),
+        ]
+        await store.append_event(ORG, doomed[1].id, Event(author="user"))
+        bystander = await manager.create(ORG, OTHER_USER, state={"user:b": 1})
+        elsewhere = await manager.create(OTHER_ORG, USER, state={"user:u": 1})
+
+        assert await manager.delete_user(ORG, USER) == 3
+
+        for session in doomed:
+            with pytest.raises(SessionNotFoundError):
+                await manager.get(ORG, session.id)
+            with pytest.raises(SessionNotFoundError):
+                await store.list_events(ORG, session.id)
+        assert await shared_state_of(manager, ORG, USER) == {"app:a": 1}
+        assert await shared_state_of(other_app, ORG, USER) == {}
+        assert (await manager.get(ORG, bystander.id)).state == {"user:b": 1, "app:a": 1}
+        assert (await manager.get(OTHER_ORG, elsewhere.id)).state == {"user:u": 1}
+        assert await manager.delete_user(ORG, USER) == 2  # the two made by shared_state_of
+
+    # -- conditional appends ----------------------------------------------------------------------
+
+    async def test_an_append_can_require_the_version_the_caller_holds(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER, state={"k": 0})
+        first = await store.append_event(
+            ORG, session.id, Event("user", content="one"), expected_version=session.version
+        )
+        assert first.seq == 1
+        assert (await store.get(ORG, session.id)).version == session.version + 1
+
+        with pytest.raises(StaleSessionError):
+            await store.append_event(
+                ORG,
+                session.id,
+                Event("user", content="two", state_delta={"k": 1, "user:u": 1}, tokens=5),
+                expected_version=session.version,  # one behind now
+            )
+        after = await store.get(ORG, session.id)
+        assert [e.content for e in await store.list_events(ORG, session.id)] == ["one"]
+        assert (after.message_count, after.token_total, after.version) == (
+            1,
+            0,
+            session.version + 1,
+        )
+        assert after.state == {"k": 0}
+
+        with pytest.raises(SessionNotFoundError):
+            await store.append_event(ORG, "missing", Event("user"), expected_version=1)
+
+    async def test_of_two_appends_expecting_one_version_exactly_one_lands(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        results = await asyncio.gather(
+            *(
+                store.append_event(
+                    ORG, session.id, Event("user", content=n), expected_version=session.version
+                )
+                for n in range(2)
+            ),
+            return_exceptions=True,
+        )
+        assert sorted(type(r).__name__ for r in results) == ["Event", "StaleSessionError"]
+        assert len(await store.list_events(ORG, session.id)) == 1
+
+    # -- a session with its transcript in one read ------------------------------------------------
+
+    async def test_get_with_events_reads_state_and_transcript_together(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER, state={"k": 1, "user:u": 2, "app:a": 3})
+        assert (await store.get_with_events(ORG, session.id)).events == []
+        start = datetime(2026, 1, 2, 3, 4, 5, 600001, tzinfo=timezone(timedelta(hours=2)))
+        appended = [
+            await store.append_event(
+                ORG,
+                session.id,
+                Event("user", content={"n": n, "f": 1e16}, timestamp=start + timedelta(seconds=n)),
+            )
+            for n in range(5)
+        ]
+        loaded = await store.get_with_events(ORG, session.id)
+        assert loaded.state == {"k": 1, "user:u": 2, "app:a": 3}
+        assert loaded.events == appended
+        assert all(is_utc(e.timestamp) for e in loaded.events)
+        assert type(loaded.events[0].content["f"]) is float
+
+        newest = await store.get_with_events(ORG, session.id, limit=2)
+        assert [e.seq for e in newest.events] == [4, 5]
+        later = await store.get_with_events(ORG, session.id, after=appended[2].timestamp, limit=9)
+        assert [e.seq for e in later.events] == [4, 5]
+        assert (await store.get_with_events(ORG, session.id, limit=0)).events == []
+        with pytest.raises(SessionNotFoundError):
+            await store.get_with_events(ORG, "missing")
+        with pytest.raises(SessionNotFoundError):
+            await store.get_with_events(OTHER_ORG, session.id)
+        with pytest.raises(InvalidArgumentError):
+            await store.get_with_events(ORG, session.id, after=datetime(2026, 1, 1))
+
+    async def test_list_with_state_returns_what_get_returns(
+        self, manager: Manager, store: Store
+    ) -> None:
+        made = [
+            await manager.create(ORG, USER, state={"n": n, "user:u": "shared", "app:a": [n]})
+            for n in range(3)
+        ]
+        await manager.create(ORG, OTHER_USER, state={"other": True})
+        listed = await store.list(Filter(ORG, user_id=USER, with_state=True))
+        assert [s.id for s in listed] == [s.id for s in reversed(made)]
+        for session in listed:
+            assert session.state == (await store.get(ORG, session.id)).state
+        assert all(s.state == {} for s in await store.list(Filter(ORG, user_id=USER)))

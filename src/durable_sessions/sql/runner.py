@@ -10,6 +10,8 @@ is also the one place where driver errors become the library's errors.
 from __future__ import annotations
 
 import asyncio
+import re
+import socket
 import sqlite3
 import weakref
 from collections.abc import AsyncIterator, Generator, Iterator
@@ -22,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from ..errors import SchemaNotMigratedError, SessionError, StoreError, StoreUnavailableError
+from .attempts import CURRENT, MIGRATE_HINT, Attempt
 from .compiled import Compiled
 
 __all__ = ["Mode", "Program", "Query", "Result", "Runner", "make_runner", "translated"]
@@ -58,27 +61,49 @@ Program = Generator[Query, Result, T]
 _MISSING_SCHEMA = ("no such table", "no such column", "does not exist")
 # Connection exceptions, authorisation, missing catalog (database), resources, shutdowns.
 _UNAVAILABLE_SQLSTATES = ("08", "28", "3D", "53", "57P")
-_HINT = "run `durable-sessions migrate`, `alembic upgrade head` or `await store.migrate()`"
+# Raised only by a connection attempt: authorisation, no such database, too many
+# connections, the server starting up.
+_CONNECT_SQLSTATES = ("28", "3D", "53300", "57P03")
+_HINT = MIGRATE_HINT
+# What must never reach a message: a URL or DSN (it may carry a password), password=...
+_SECRETS = re.compile(r"[a-z][a-z0-9+.-]*://\S*|\bpassword\s*[=:]\s*\S*", re.IGNORECASE)
+_BACKGROUND = re.compile(r"\s*\(Background on this error at:[^)]*\)")
 
 
 @contextmanager
-def translated(operation: str) -> Iterator[None]:
-    """Turn driver and SQLAlchemy errors into the library's error tree."""
+def translated(operation: str, *, writes: bool = True) -> Iterator[None]:
+    """Turn driver and SQLAlchemy errors into the library's error tree.
+
+    The error names the driver's own message (never a URL or password). It says the
+    operation may not have completed only when ``writes`` and a connection was made, for
+    then a write may have reached the server; a failed connection attempt wrote nothing.
+    A SQLite file that does not exist is not created (``SchemaNotMigratedError``).
+    """
+    attempt = Attempt(operation)
+    token = CURRENT.set(attempt)
     try:
         yield
     except SessionError:
         raise
-    except (sa_exc.DBAPIError, sqlite3.Error) as exc:
-        raise _translate(operation, exc) from exc
-    except (OSError, TimeoutError, sa_exc.DisconnectionError, sa_exc.TimeoutError) as exc:
-        raise StoreUnavailableError(
-            f"{operation}: the database could not be reached ({type(exc).__name__})"
-        ) from exc
+    except (
+        sa_exc.DBAPIError,
+        sqlite3.Error,
+        OSError,
+        TimeoutError,
+        sa_exc.DisconnectionError,
+        sa_exc.TimeoutError,
+    ) as exc:
+        raise _translate(operation, exc, writes=writes, connecting=attempt.connecting) from exc
     except Exception as exc:
         # asyncpg's own errors, and SQLAlchemy's adapters of them (raised by the pool).
         if type(exc).__module__.startswith(("asyncpg", "sqlalchemy.dialects")):
-            raise _translate(operation, exc) from exc
+            raise _translate(operation, exc, writes=writes, connecting=attempt.connecting) from exc
         raise
+    finally:
+        try:
+            CURRENT.reset(token)
+        except ValueError:  # left in another context (an async generator moved on)
+            CURRENT.set(None)
 
 
 def _driver_error(exc: BaseException) -> BaseException:
@@ -89,32 +114,64 @@ def _driver_error(exc: BaseException) -> BaseException:
     return found
 
 
-def _translate(operation: str, exc: BaseException) -> SessionError:
+def _described(exc: BaseException) -> str:
+    """``Name: the driver's message``: its first line, without a URL or password."""
+    text = _BACKGROUND.sub("", str(exc)).strip()
+    line = " ".join(text.splitlines()[0].split()) if text else ""
+    line = _SECRETS.sub("[...]", line)
+    if len(line) > 300:
+        line = line[:297] + "..."
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def _translate(
+    operation: str, exc: BaseException, *, writes: bool = True, connecting: bool = False
+) -> SessionError:
     orig = _driver_error(exc)
-    name = type(orig).__name__
+    cause = _described(orig)
     text = str(orig).lower()
     sqlstate = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
     if sqlstate in ("42P01", "42703") or (
-        name in ("OperationalError", "ProgrammingError")
+        type(orig).__name__ in ("OperationalError", "ProgrammingError")
         and any(marker in text for marker in _MISSING_SCHEMA)
+        and not sqlstate.startswith(_CONNECT_SQLSTATES)  # 3D000: the database does not exist
     ):
         return SchemaNotMigratedError(
-            f"{operation}: the database schema is missing or out of date; {_HINT}"
+            f"{operation}: the database schema is missing or out of date ({cause}); {_HINT}"
+        )
+    if isinstance(exc, sa_exc.TimeoutError):  # the pool had no connection free in time
+        return StoreUnavailableError(
+            f"{operation}: no pooled connection became free in time ({cause}); nothing was written"
+        )
+    never_connected = (
+        connecting
+        or sqlstate.startswith(_CONNECT_SQLSTATES)
+        or isinstance(orig, (ConnectionRefusedError, socket.gaierror))
+        or (isinstance(orig, sqlite3.Error) and "unable to open database file" in text)
+    )
+    if never_connected:
+        return StoreUnavailableError(
+            f"{operation}: could not connect to the database ({cause}); nothing was written"
         )
     if (
         _is_disconnect(orig)
         or getattr(exc, "connection_invalidated", False)
         or sqlstate.startswith(_UNAVAILABLE_SQLSTATES)
     ):
+        if not writes:
+            return StoreUnavailableError(
+                f"{operation}: the connection to the database failed ({cause})"
+            )
         return StoreUnavailableError(
-            f"{operation}: the connection to the database failed ({name}); the operation may "
+            f"{operation}: the connection to the database failed ({cause}); the operation may "
             "not have completed: read back before retrying"
         )
     if "database is locked" in text or "database is busy" in text:
         return StoreUnavailableError(
-            f"{operation}: the database stayed locked past the busy timeout ({name})"
+            f"{operation}: the database stayed locked past the busy timeout ({cause}); "
+            "nothing was written"
         )
-    return StoreError(f"{operation}: the database failed ({name}); nothing was written")
+    return StoreError(f"{operation}: the database failed ({cause}); nothing was written")
 
 
 def _is_disconnect(exc: BaseException) -> bool:

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -159,6 +160,27 @@ def test_demo_runs_twice_on_postgres(
     assert (code, err) == (0, "")
     assert len(_demo_sessions(out)) == 4
     assert "Welcome back" in out
+    # The closing hint names this database, and runs as printed.
+    hint = out.strip().splitlines()[-1]
+    assert hint.startswith(f"Look closer: durable-sessions --url {url} show ")
+    code, shown, err = cli(capsys, *shlex.split(hint.removeprefix("Look closer: "))[1:])
+    assert (code, err) == (0, "")
+    assert "Welcome back" in shown
+
+
+@pytest.mark.sqlite
+def test_the_demos_closing_hint_runs_as_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'other.db'}"
+    code, out, _ = cli(capsys, "--url", url, "demo", "--org", "acme")
+    assert code == 0
+    hint = out.strip().splitlines()[-1]
+    assert hint.startswith(f"Look closer: durable-sessions --url {url} show ")
+    assert hint.endswith(" --org acme")
+    code, shown, err = cli(capsys, *shlex.split(hint.removeprefix("Look closer: "))[1:])
+    assert (code, err) == (0, "")
+    assert "organisation  acme" in shown
 
 
 # -- migrations ----------------------------------------------------------------------------
@@ -167,7 +189,7 @@ def test_demo_runs_twice_on_postgres(
 def test_migrate_current_check_downgrade(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli(capsys, "--url", db_url, "check")
     assert code == 1
-    assert out.strip().endswith("run `durable-sessions migrate`.")
+    assert out.strip().endswith(f"run `durable-sessions --url {db_url} migrate`.")
     if db_url.startswith("sqlite"):
         assert not Path(db_url.split("///", 1)[1]).exists(), "check must not create the file"
     assert cli(capsys, "--url", db_url, "current")[:2] == (0, "none (head is 0002)\n")
@@ -184,7 +206,7 @@ def test_migrate_current_check_downgrade(db_url: str, capsys: pytest.CaptureFixt
     assert cli(capsys, "--url", db_url, "check")[0] == 1
     code, _, err = cli(capsys, "--url", db_url, "list")
     assert code == 1
-    assert "run `durable-sessions migrate`" in one_error_line(err)
+    assert f"run `durable-sessions --url {db_url} migrate`" in one_error_line(err)
 
     assert cli(capsys, "--url", db_url, "migrate", "--revision", "0001")[0] == 0
     assert cli(capsys, "--url", db_url, "check")[0] == 1  # behind head
@@ -327,7 +349,9 @@ def test_purge_dry_run_then_real(db_url: str, capsys: pytest.CaptureFixture[str]
     assert out == "Would delete 2 sessions of organisation 'acme' not updated in 30d.\n"
     assert len(with_manager(db_url, lambda m: m.list(Filter("acme")))) == 3
 
-    code, out, err = cli(capsys, "--url", db_url, "purge", "--org", "acme", "--older-than", "4w")
+    code, out, err = cli(
+        capsys, "--url", db_url, "purge", "--org", "acme", "--older-than", "4w", "--yes"
+    )
     assert (code, err) == (0, "")
     assert out == "Deleted 2 sessions of organisation 'acme' not updated in 4w.\n"
     assert [s.id for s in with_manager(db_url, lambda m: m.list(Filter("acme")))] == [fresh]
@@ -354,7 +378,7 @@ def test_delete_user(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
         await manager.create("acme", "bob", state={"user:lang": "fr"})
 
     with_manager(db_url, seed)
-    code, out, err = cli(capsys, "--url", db_url, "delete-user", "ada", "--org", "acme")
+    code, out, err = cli(capsys, "--url", db_url, "delete-user", "ada", "--org", "acme", "-y")
     assert (code, err) == (0, "")
     assert out == "Deleted 3 sessions and the user: state of user 'ada' in 'acme'.\n"
     left = with_manager(db_url, lambda m: m.list(Filter("acme")))
@@ -642,11 +666,12 @@ def test_a_missing_sqlite_file_is_not_created_by_reading_commands(tmp_path: Path
 def test_an_unmigrated_postgres_database_is_one_line(
     fresh_pg_url: Callable[[], str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = cli(capsys, "--url", fresh_pg_url(), "show", "x")
+    url = fresh_pg_url()
+    code, _, err = cli(capsys, "--url", url, "show", "x")
     assert code == 1
     assert one_error_line(err) == (
         f"{PROG}: error: the database schema is at no revision, this version needs 0002; "
-        f"run `{PROG} migrate`"
+        f"run `{PROG} --url {url} migrate`"
     )
 
 
@@ -781,3 +806,192 @@ def test_memory_stays_flat_exporting_and_importing_100_000_sessions(tmp_path: Pa
     assert large[0] <= small[0] + 8, growth
     assert large[1] <= small[1] + 8, growth
     assert max(large) < 64, growth
+
+
+# -- restoring, hints, confirmations -------------------------------------------------------
+
+
+@pytest.mark.sqlite
+def test_the_readme_restore_into_a_new_database_just_works(tmp_path: Path) -> None:
+    """`durable-sessions --url sqlite:///copy.db import -i backup.jsonl`, as the README says."""
+    assert run("migrate", cwd=tmp_path).returncode == 0
+    with_manager(f"sqlite+aiosqlite:///{tmp_path / 'durable-sessions.db'}", _seed_conversations)
+    assert run("export", "-o", "backup.jsonl", cwd=tmp_path).returncode == 0
+    done = run("--url", "sqlite:///copy.db", "import", "-i", "backup.jsonl", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.decode().splitlines()
+    assert lines[0].startswith("Migrated the empty database to ")
+    assert lines[1] == "Imported 3 sessions, 3 events, 1 user: and 1 app: state rows."
+    again = run("--url", "sqlite:///copy.db", "export", cwd=tmp_path)
+    assert again.stdout == (tmp_path / "backup.jsonl").read_bytes()
+
+
+def test_import_into_an_unmigrated_database_migrates_it(
+    db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "one.jsonl"
+    source.write_text(f"{HEADER}\n{dumps(_session('s1'))}\n{dumps(_event('s1'))}\n")
+    code, out, err = cli(capsys, "--url", db_url, "import", "-i", str(source))
+    assert (code, err) == (0, "")
+    assert out.endswith("Imported 1 sessions, 1 events, 0 user: and 0 app: state rows.\n")
+    assert cli(capsys, "--url", db_url, "check")[0] == 0
+
+
+@pytest.mark.sqlite
+def test_a_failed_restore_into_a_new_sqlite_file_leaves_no_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(f"{HEADER}\n{{not json\n")
+    target = tmp_path / "new.db"
+    code, _, err = cli(capsys, "--url", f"sqlite:///{target}", "import", "-i", str(broken))
+    assert code == 1
+    assert "line 2: not valid JSON" in one_error_line(err)
+    assert list(tmp_path.iterdir()) == [broken]
+
+
+def test_import_into_an_outdated_database_hints_with_the_url(
+    db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from durable_sessions import migrate as migrations
+
+    first = "0001"
+    if migrations.head() == first:
+        pytest.skip("one revision only: no database can be behind")
+    assert cli(capsys, "--url", db_url, "migrate", "--revision", first)[0] == 0
+    source = tmp_path / "header.jsonl"
+    source.write_text(f"{HEADER}\n")
+    code, _, err = cli(capsys, "--url", db_url, "import", "-i", str(source))
+    assert code == 1
+    assert one_error_line(err).endswith(f"; run `durable-sessions --url {db_url} migrate`")
+
+
+@pytest.mark.sqlite
+def test_every_hint_carries_the_url_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'missing.db'}"
+    for argv in (["list"], ["export"], ["show", "x"]):
+        code, _, err = cli(capsys, "--url", url, *argv)
+        assert code == 1
+        line = one_error_line(err)
+        assert f"create it with `durable-sessions --url {url} migrate`" in line
+        assert f"(or try `durable-sessions --url {url} demo`)" in line
+    code, out, _ = cli(capsys, "check", "--url", url)
+    assert code == 1
+    assert out.strip().endswith(f"run `durable-sessions --url {url} migrate`.")
+    assert not (tmp_path / "missing.db").exists()
+    # Without --url, the hint needs none: the default file or $DURABLE_SESSIONS_URL.
+    done = run("list", cwd=tmp_path)
+    assert "create it with `durable-sessions migrate`" in one_error_line(done.stderr.decode())
+
+
+@pytest.mark.postgres
+def test_a_hint_masks_the_password_of_the_url_given(
+    fresh_pg_url: Callable[[], str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sqlalchemy import make_url
+
+    url = make_url(fresh_pg_url()).set(password="s3cret")
+    given = url.render_as_string(hide_password=False)
+    code, _, err = cli(capsys, "--url", given, "list")
+    assert code == 1
+    line = one_error_line(err)
+    masked = url.render_as_string(hide_password=True)
+    assert f"run `durable-sessions --url '{masked}' migrate`" in line
+    assert "s3cret" not in line
+
+
+def _aged_sessions(url: str) -> None:
+    migrate(url)
+
+    async def seed(manager: Manager) -> list[str]:
+        return [(await manager.create("acme", "ada", state={"user:k": 1})).id for _ in range(2)]
+
+    _age(url, with_manager(url, seed), days=45)
+
+
+DESTRUCTIVE = [
+    pytest.param(
+        ["purge", "--org", "acme", "--older-than", "30d"],
+        "purge would delete 2 sessions of organisation 'acme' not updated in 30d",
+        id="purge",
+    ),
+    pytest.param(
+        ["delete-user", "ada", "--org", "acme"],
+        "delete-user would delete 2 sessions (with their transcripts) and 1 user: state rows "
+        "of user 'ada' in 'acme'",
+        id="delete-user",
+    ),
+]
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize(("argv", "refusal"), DESTRUCTIVE)
+def test_destructive_commands_without_a_terminal_need_yes(
+    argv: list[str], refusal: str, tmp_path: Path
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
+    _aged_sessions(url)
+    done = run("--url", url, *argv, stdin=b"y\n")  # a pipe is not a terminal: no answer read
+    assert done.returncode == 1
+    assert one_error_line(done.stderr.decode()) == (
+        f"{PROG}: error: {refusal}; confirm with --yes (there is no terminal to ask on)"
+    )
+    assert done.stdout == b""
+    assert len(with_manager(url, lambda m: m.list(Filter("acme")))) == 2
+    done = run("--url", url, *argv, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().startswith("Deleted 2 sessions")
+    assert with_manager(url, lambda m: m.list(Filter("acme"))) == []
+
+
+def _on_a_terminal(argv: list[str], answer: bytes) -> tuple[int, bytes]:
+    """Run the command with a terminal as stdin, stdout and stderr; type ``answer``."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "durable_sessions", *argv],
+            stdin=follower, stdout=follower, stderr=follower,
+        )  # fmt: skip
+        os.write(leader, answer)
+        code = child.wait(timeout=120)
+    finally:
+        os.close(follower)
+        screen = b""
+        with contextlib.suppress(OSError):  # EIO once the child has closed its end
+            while chunk := os.read(leader, 65536):
+                screen += chunk
+        os.close(leader)
+    return code, screen
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize(("argv", "refusal"), DESTRUCTIVE)
+def test_destructive_commands_ask_on_a_terminal(
+    argv: list[str], refusal: str, tmp_path: Path
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
+    _aged_sessions(url)
+    question = refusal.split(" would delete ", 1)[1]
+    code, screen = _on_a_terminal(["--url", url, *argv], b"n\n")
+    assert code == 1, screen
+    assert f"Delete {question}? [y/N]".encode() in screen
+    assert b"nothing was deleted" in screen
+    assert len(with_manager(url, lambda m: m.list(Filter("acme")))) == 2
+    code, screen = _on_a_terminal(["--url", url, *argv], b"y\n")
+    assert code == 0, screen
+    assert b"Deleted 2 sessions" in screen
+    assert with_manager(url, lambda m: m.list(Filter("acme"))) == []
+
+
+@pytest.mark.sqlite
+def test_nothing_to_delete_asks_nothing(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
+    migrate(url)
+    done = run("--url", url, "purge", "--older-than", "30d")
+    assert (done.returncode, done.stderr) == (0, b"")
+    done = run("--url", url, "delete-user", "nobody")
+    assert (done.returncode, done.stderr) == (0, b"")

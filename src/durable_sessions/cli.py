@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import re
+import shlex
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -13,7 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import URL
+from sqlalchemy import URL, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -39,6 +40,7 @@ URL_ENV = "DURABLE_SESSIONS_URL"
 DEFAULT_URL = "sqlite+aiosqlite:///durable-sessions.db"
 """The database used when neither ``--url`` nor ``DURABLE_SESSIONS_URL`` is set."""
 _EXTRA = {"aiosqlite": "sqlite", "asyncpg": "postgres"}
+_YES = "delete without asking (needed when stdin is not a terminal)"
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
@@ -91,8 +93,8 @@ async def _open(args: argparse.Namespace, *, migrated: bool = True) -> AsyncIter
     path = sqlite_file(url)
     if migrated and path is not None and not path.exists():
         raise SchemaNotMigratedError(
-            f"there is no database file {str(path)!r}; create it with `{PROG} migrate` "
-            f"(or try `{PROG} demo`)"
+            f"there is no database file {str(path)!r}; create it with "
+            f"`{_command(args, 'migrate')}` (or try `{_command(args, 'demo')}`)"
         )
     engine = _make_engine(url)
     try:
@@ -102,11 +104,43 @@ async def _open(args: argparse.Namespace, *, migrated: bool = True) -> AsyncIter
             if revision != head:
                 raise SchemaNotMigratedError(
                     f"the database schema is at {revision or 'no revision'}, this version "
-                    f"needs {head}; run `{PROG} migrate`"
+                    f"needs {head}; run `{_command(args, 'migrate')}`"
                 )
         yield store
     finally:
         await engine.dispose()
+
+
+def _command(args: argparse.Namespace, *words: str) -> str:
+    """The command line to run ``words`` on the same database: with the ``--url`` given
+    (its password masked), if one was; a URL from the environment needs none."""
+    parts = [PROG]
+    if getattr(args, "url", None):
+        parts += ["--url", shlex.quote(_given_url(args.url))]
+    return " ".join([*parts, *(shlex.quote(word) for word in words)])
+
+
+def _given_url(text: str) -> str:
+    """The URL as the user typed it, with any password masked."""
+    url = make_url(text)
+    return url.render_as_string(hide_password=True) if url.password else text
+
+
+async def _confirm(args: argparse.Namespace, question: str, refusal: str) -> None:
+    """Go on with --yes; else ask on a terminal; else refuse with one line.
+
+    Raises:
+        CLIError: Not confirmed: declined, or no terminal to ask on and no --yes.
+    """
+    if args.yes:
+        return
+    stdin = sys.stdin
+    if stdin is None or not stdin.isatty():
+        raise CLIError(f"{refusal}; confirm with --yes (there is no terminal to ask on)")
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = await asyncio.to_thread(stdin.readline)
+    if answer.strip().lower() not in ("y", "yes"):
+        raise CLIError("nothing was deleted")
 
 
 # -- output --------------------------------------------------------------------------------
@@ -178,7 +212,11 @@ async def _demo(args: argparse.Namespace) -> int:
     console = _console()
     console.print(f"{PROG} demo: an agent whose conversations outlive the process", style="bold")
     console.print(f"Database: {_safe(args.db_url)}")
-    await run_demo(lambda: _make_engine(args.db_url), TerminalOutput(console), org_id=args.org)
+    session_id = await run_demo(
+        lambda: _make_engine(args.db_url), TerminalOutput(console), org_id=args.org
+    )
+    org = [] if args.org == "default" else ["--org", args.org]
+    console.print(f"Look closer: {_command(args, 'show', session_id, *org)}")
     return 0
 
 
@@ -218,7 +256,10 @@ async def _current(args: argparse.Namespace) -> int:
     if revision == head:
         print(f"The schema is at head ({head}).")
         return 0
-    print(f"The schema is at {revision or 'no revision'}, not head ({head}); run `{PROG} migrate`.")
+    print(
+        f"The schema is at {revision or 'no revision'}, not head ({head}); "
+        f"run `{_command(args, 'migrate')}`."
+    )
     return 1
 
 
@@ -296,6 +337,8 @@ async def _purge(args: argparse.Namespace) -> int:
         manager = Manager(store)
         count = await manager.purge(args.org, older_than=older_than, dry_run=True)
         if count and not args.dry_run:
+            what = f"{count} sessions of organisation {args.org!r} not updated in {args.older_than}"
+            await _confirm(args, f"Delete {what}?", f"purge would delete {what}")
             with _progress(f"Deleting {count} sessions", None, _interactive()):
                 count = await manager.purge(args.org, older_than=older_than)
     verb = "Would delete" if args.dry_run else "Deleted"
@@ -305,10 +348,37 @@ async def _purge(args: argparse.Namespace) -> int:
 
 async def _delete_user(args: argparse.Namespace) -> int:
     async with _open(args) as store:
+        found, state = await _user_rows(store, args.org, args.user)
+        if found or state:
+            what = (
+                f"{found} sessions (with their transcripts) and {state} user: state rows of "
+                f"user {args.user!r} in {args.org!r}"
+            )
+            await _confirm(args, f"Delete {what}?", f"delete-user would delete {what}")
         with _progress(f"Deleting user {args.user!r}", None, _interactive()):
             count = await Manager(store).delete_user(args.org, args.user)
     print(f"Deleted {count} sessions and the user: state of user {args.user!r} in {args.org!r}.")
     return 0
+
+
+async def _user_rows(store: SQLStore, org_id: str, user_id: str) -> tuple[int, int]:
+    """How many sessions and user: state rows ``delete-user`` would delete."""
+    from sqlalchemy import func, select
+
+    from .sql.schema import sessions, user_state
+
+    async with store.engine.connect() as conn:
+        found = await conn.scalar(
+            select(func.count())
+            .select_from(sessions)
+            .where(sessions.c.org_id == org_id, sessions.c.user_id == user_id)
+        )
+        state = await conn.scalar(
+            select(func.count())
+            .select_from(user_state)
+            .where(user_state.c.org_id == org_id, user_state.c.user_id == user_id)
+        )
+    return int(found or 0), int(state or 0)
 
 
 def _numbers(session: Session) -> list[str]:
@@ -351,14 +421,35 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 async def _import(args: argparse.Namespace) -> int:
+    from . import migrate
     from .transfer import import_jsonl
 
-    async with _open(args) as store:
-        # This loop runs only this command, so blocking file reads stall nothing.
-        with sys.stdin.buffer if args.input == "-" else open(args.input, "rb") as source:  # noqa: ASYNC230
-            size = os.fstat(source.fileno()).st_size if args.input != "-" else None
-            with _progress("Importing", size, _interactive() and size is not None) as advance:
-                counts = await import_jsonl(store, source, progress=advance)
+    # Restoring into a new, empty database just works: it is migrated first. A new SQLite
+    # file is removed again if the import fails, so a failed restore leaves nothing behind.
+    path = sqlite_file(args.db_url)
+    created = path is not None and not path.exists()
+    try:
+        async with _open(args, migrated=False) as store:
+            revision, head = await migrate.current(store.engine), migrate.head()
+            if revision is None:
+                await migrate.upgrade(store.engine)
+                print(f"Migrated the empty database to {head}.")
+            elif revision != head:
+                raise SchemaNotMigratedError(
+                    f"the database schema is at {revision}, this version needs {head}; "
+                    f"run `{_command(args, 'migrate')}`"
+                )
+            # This loop runs only this command, so blocking file reads stall nothing.
+            with sys.stdin.buffer if args.input == "-" else open(args.input, "rb") as source:  # noqa: ASYNC230
+                size = os.fstat(source.fileno()).st_size if args.input != "-" else None
+                show = _interactive() and size is not None
+                with _progress("Importing", size, show) as advance:
+                    counts = await import_jsonl(store, source, progress=advance)
+    except BaseException:
+        if created and path is not None:
+            for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                leftover.unlink(missing_ok=True)
+        raise
     print(f"Imported {_summary(counts)}.")
     return 0
 
@@ -415,8 +506,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = command("purge", _purge, "Delete the sessions not updated for a while.")
     sub.add_argument("--older-than", required=True, metavar="AGE", help="90s, 15m, 12h, 30d, 2w")
     sub.add_argument("--dry-run", action="store_true", help="count only, delete nothing")
+    sub.add_argument("-y", "--yes", action="store_true", help=_YES)
     sub = command("delete-user", _delete_user, "Erase a user's sessions and user: state.")
     sub.add_argument("user", metavar="USER", help="the user id")
+    sub.add_argument("-y", "--yes", action="store_true", help=_YES)
     sub = command("export", _export, "Write all organisations as JSON Lines.", with_org=False)
     sub.add_argument("-o", "--output", default="-", metavar="FILE", help="default: - (stdout)")
     sub = command("import", _import, "Load an export, all or nothing.", with_org=False)
@@ -435,11 +528,14 @@ def _root_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _message(exc: BaseException, url: URL | None) -> str:
+def _message(exc: BaseException, url: URL | None, args: argparse.Namespace | None = None) -> str:
     """The one line that explains an error, with any password of the URL masked."""
     if isinstance(exc, (StoreUnavailableError, sa_exc.DBAPIError)):
         where = _safe(url) if url is not None else "the database"
         text = f"cannot use the database at {where} ({_root_cause(exc)})"
+    elif isinstance(exc, SchemaNotMigratedError) and args is not None:
+        # The library's own hint names no URL: point it at this database.
+        text = str(exc).replace(f"`{PROG} migrate`", f"`{_command(args, 'migrate')}`")
     elif isinstance(exc, OSError) and exc.strerror:
         text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
     else:
@@ -462,14 +558,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler: Handler = args.handler
         return asyncio.run(handler(args))
     except CLIError as exc:
-        print(f"{PROG}: error: {_message(exc, url)}", file=sys.stderr)
+        print(f"{PROG}: error: {_message(exc, url, args)}", file=sys.stderr)
         return exc.code
     except (SessionError, sa_exc.DBAPIError, OSError) as exc:
         if isinstance(exc, BrokenPipeError):  # the reader went away (e.g. `| head`)
             with suppress(OSError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 1
-        print(f"{PROG}: error: {_message(exc, url)}", file=sys.stderr)
+        print(f"{PROG}: error: {_message(exc, url, args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

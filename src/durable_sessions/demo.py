@@ -318,7 +318,6 @@ async def run_demo(
             ],
         )
         out.line("Tokens are counted as words here. Run the demo again to add a conversation.")
-        out.line(f"Look closer: durable-sessions show {session_id}")
     finally:
         await engine.dispose()
     return session_id

@@ -13,6 +13,7 @@ from .prepare import (
     RECREATED,
     check_after,
     check_count,
+    check_counters,
     check_expected,
     check_limit,
     check_max_bytes,
@@ -217,6 +218,8 @@ class InMemoryStore:
         if expected_version is not None and record.meta.version != expected_version:
             raise StaleSessionError(org_id, session_id, expected_version)
         meta = record.meta
+        counters = (meta.message_count, meta.token_total, meta.version)
+        check_counters(org_id, session_id, counters, 1, stored.tokens)
         stored.seq = record.events[-1].seq + 1 if record.events else 1
         record.events.append(stored)
         for key in delta.private_deleted:
@@ -262,6 +265,8 @@ class InMemoryStore:
         check_count("tokens", tokens)
         check_title(title)
         meta = self._live(org_id, session_id, incarnation, 0).meta
+        counters = (meta.message_count, meta.token_total, meta.version)
+        check_counters(org_id, session_id, counters, messages, tokens)
         meta.message_count += messages
         meta.token_total += tokens
         if not meta.title:

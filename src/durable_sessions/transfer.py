@@ -131,6 +131,12 @@ def _count(name: str, value: Any) -> Any:
     return value
 
 
+def _version(name: str, value: Any) -> Any:
+    if _count(name, value) < 1:
+        raise ValueError("must be at least 1 (a stored session's first version)")
+    return value
+
+
 def _timestamp(name: str, value: Any) -> Any:
     if not isinstance(value, str):
         raise ValueError("must be an ISO-8601 timestamp string")
@@ -180,7 +186,7 @@ _CHECKS: dict[str, Check] = {
     "parent_id": lambda name, value: None if value is None else validate_id(name, value),
     "title": lambda name, value: check_title(value),
     "created_at": _timestamp, "updated_at": _timestamp, "timestamp": _timestamp,
-    "message_count": _count, "token_total": _count, "event_seq": _count, "version": _count,
+    "message_count": _count, "token_total": _count, "event_seq": _count, "version": _version,
     "seq": _count, "tokens": _count,
     "state": _state, "state_delta": _state, "content": _json, "value": _json,
 }  # fmt: skip
@@ -357,6 +363,14 @@ def _parse(number: int, raw: bytes) -> tuple[str, dict[str, Any]]:
             row[name] = check(name, data[name])
         except (ValueError, SessionError) as exc:
             raise ImportLineError(number, f"{kind} field {name!r}: {exc}") from None
+    if kind == "session" and row["event_seq"] > row["message_count"]:
+        # Every event counts as a message, so a store's guard on message_count also keeps
+        # the next event's seq within 64 bits.
+        raise ImportLineError(
+            number,
+            f"session field 'event_seq': {row['event_seq']} is above its message_count "
+            f"{row['message_count']} (every event counts as a message)",
+        )
     return kind, row
 
 

@@ -28,10 +28,13 @@ from durable_sessions import (
     Session,
     SessionError,
     SessionNotFoundError,
+    SQLStore,
+    StaleSessionError,
     Store,
     new_id,
 )
 from durable_sessions.state import DEFAULT_MAX_VALUE_BYTES
+from durable_sessions.transfer import dumps, import_jsonl
 from reliability.figures import Figures
 from reliability.helpers import canonical, count_present, observe_org
 from sqlhelpers import snapshot
@@ -607,3 +610,143 @@ async def test_save_of_a_copy_with_another_owner_loses_nothing(store: Store, fie
     stored = await manager.get(ORG, session.id)
     assert stored.state.get("user:written") == 1
     assert stored.state.get("app:written") == 1
+
+
+# -- periods before the year 1, numbers past 64 bits --------------------------------------------
+
+MAX_INT64 = 2**63 - 1
+
+
+async def test_purge_periods_reaching_before_the_year_one_are_refused(
+    scene: Scene, backend: str, figures: Figures
+) -> None:
+    """A period longer than the time since the year 1 has no cutoff: InvalidArgumentError,
+    not OverflowError; the longest period that has one purges nothing of a new session."""
+    store = scene.store
+    for period in (timedelta.max, timedelta(days=999_999), timedelta(days=800_000)):
+        for dry_run in (True, False):
+
+            async def purge(period: timedelta = period, dry_run: bool = dry_run) -> None:
+                await store.purge(ORG, older_than=period, dry_run=dry_run)
+
+            await scene.refuse(InvalidArgumentError, purge)
+    assert await store.purge(ORG, older_than=timedelta(days=700_000)) == 0
+    await finish(scene, figures, "bad input: purge periods before year 1 refused", backend)
+
+
+async def test_expected_versions_past_64_bits_are_refused(
+    scene: Scene, backend: str, figures: Figures
+) -> None:
+    """An expected_version outside the 64-bit signed range is InvalidArgumentError (not
+    OverflowError or StoreError); one inside it that is not the stored version is stale."""
+    store, sid = scene.store, scene.session_id
+    for bad in (2**70, MAX_INT64 + 1, -MAX_INT64 - 2, -(2**80)):
+
+        async def append(bad: int = bad) -> None:
+            await store.append_event(ORG, sid, Event("u"), expected_version=bad)
+
+        await scene.refuse(InvalidArgumentError, append)
+    for other in (MAX_INT64, -MAX_INT64 - 1, 0):
+
+        async def stale(other: int = other) -> None:
+            await store.append_event(ORG, sid, Event("u"), expected_version=other)
+
+        await scene.refuse(StaleSessionError, stale)
+    await finish(scene, figures, "bad input: expected_version past 64 bits", backend)
+
+
+NOT_INT64: list[Any] = ["1", 1.0, True, None, MAX_INT64 + 1, -MAX_INT64 - 2, 2**70]
+
+
+async def test_bad_versions_and_counters_on_a_session_are_refused(
+    scene: Scene, backend: str, figures: Figures
+) -> None:
+    """A session whose version, message_count or token_total is not a 64-bit integer is
+    refused by create and update alike; so is saving a copy at the last version."""
+    for name in ("version", "message_count", "token_total"):
+        for bad in NOT_INT64:
+
+            async def save(name: str = name, bad: Any = bad) -> None:
+                copy = await scene.copy()
+                copy.set("k", 2)
+                setattr(copy, name, bad)
+                await scene.store.update(copy)
+
+            async def create(name: str = name, bad: Any = bad) -> None:
+                await scene.store.create(scene.new_session({"k": 1}, **{name: bad}))
+
+            await scene.refuse(InvalidArgumentError, save)
+            await scene.refuse(InvalidArgumentError, create)
+
+    async def save_last_version() -> None:
+        copy = await scene.copy()
+        copy.version = MAX_INT64
+        copy.set("k", 2)
+        await scene.store.update(copy)
+
+    await scene.refuse(InvalidArgumentError, save_last_version)
+    await finish(scene, figures, "bad input: non-int64 version/counters", backend)
+
+
+async def session_at(scene: Scene, **counters: int) -> str:
+    """A session of alice whose counters start at the given values: imported into SQL
+    stores (the way such counters get there), set in place in memory, which has no import."""
+    values = {"message_count": 0, "token_total": 0, "event_seq": 0, "version": 1, **counters}
+    if scene.engine is None:
+        session = await Manager(scene.store, app_name="app").create(ORG, "alice")
+        meta = scene.store._sessions[(ORG, session.id)].meta  # type: ignore[attr-defined]
+        for name in ("message_count", "token_total", "version"):
+            setattr(meta, name, values[name])
+        return session.id
+    assert isinstance(scene.store, SQLStore)
+    session_id, now = new_id(), "2025-01-02T03:04:05.000006Z"
+    record = {
+        "type": "session", "org_id": ORG, "id": session_id, "user_id": "alice",
+        "app_name": "app", "title": "", "state": {}, "parent_id": None, "created_at": now,
+        "updated_at": now, **values,
+    }  # fmt: skip
+    header = {"format": "durable-sessions", "type": "header", "version": 1}
+    await import_jsonl(scene.store, [dumps(header).encode(), dumps(record).encode()])
+    return session_id
+
+
+async def test_counters_at_64_bits_refuse_to_overflow(
+    scene: Scene, backend: str, figures: Figures
+) -> None:
+    """touch, append_event and update that would carry a counter or the version past
+    2**63 - 1 raise InvalidArgumentError on every store and write nothing; a write that
+    lands exactly on 2**63 - 1 is kept, as an int."""
+    store = scene.store
+    full_messages = await session_at(scene, message_count=MAX_INT64)
+    near_tokens = await session_at(scene, token_total=MAX_INT64 - 5)
+    last_version = await session_at(scene, version=MAX_INT64)
+
+    async def save_last_version() -> None:
+        copy = await store.get(ORG, last_version)
+        copy.set("k", 1)
+        await store.update(copy)
+
+    attempts: list[Attempt] = [
+        lambda: store.touch(ORG, full_messages, messages=1),
+        lambda: store.append_event(ORG, full_messages, Event("u")),
+        lambda: store.append_event(ORG, full_messages, Event("u", state_delta={"k": 1})),
+        lambda: store.touch(ORG, near_tokens, tokens=6),
+        lambda: store.append_event(ORG, near_tokens, Event("u", tokens=6)),
+        lambda: store.append_event(ORG, near_tokens, Event("u", tokens=6, state_delta={"k": 1})),
+        lambda: store.touch(ORG, last_version),
+        lambda: store.append_event(ORG, last_version, Event("u")),
+        lambda: store.append_event(ORG, last_version, Event("u"), expected_version=MAX_INT64),
+        save_last_version,
+    ]
+    for attempt in attempts:
+        await scene.refuse(InvalidArgumentError, attempt)
+    # A stale expected version is still stale first, as without the overflow.
+    await scene.refuse(
+        StaleSessionError,
+        lambda: store.append_event(ORG, last_version, Event("u"), expected_version=1),
+    )
+    touched = await store.touch(ORG, near_tokens, tokens=5)
+    stored = await store.get(ORG, near_tokens)
+    assert touched.token_total == stored.token_total == MAX_INT64
+    assert type(stored.token_total) is int
+    await finish(scene, figures, "bad input: counters past 2**63-1 refused", backend)

@@ -29,7 +29,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.selectable import CTE
 
-from ..prepare import FORKED_FROM
+from ..prepare import FORKED_FROM, MAX_INT64
 from .compiled import Compiled, compile_statement
 from .dialect import DialectOps
 from .schema import JSONValue, UTCDateTime, app_state, events, sessions, user_state
@@ -69,6 +69,27 @@ NOW = bindparam("v_now", type_=UTCDateTime)
 INCARNATION = bindparam("v_incarnation", type_=Text)
 # A write guarded by the incarnation the caller holds (None: any incarnation of the id).
 SAME_LIFE = or_(INCARNATION.is_(None), S.c.incarnation == INCARNATION)
+
+
+def _room(counter: Any, increment: Any) -> Any:
+    """``counter + increment`` stays within 64 bits (compared without computing the sum,
+    which would overflow: an error on Postgres, a float on SQLite)."""
+    return counter <= literal(MAX_INT64, BigInteger) - increment
+
+
+# A write that would carry a counter or the version past 2**63 - 1 writes nothing; the
+# store then tells why (check_counters).
+TOUCH_ROOM = and_(
+    _room(S.c.message_count, bindparam("v_messages")),
+    _room(S.c.token_total, bindparam("v_tokens")),
+    _room(S.c.version, 1),
+)
+APPEND_ROOM = and_(
+    _room(S.c.event_seq, 1),
+    _room(S.c.message_count, 1),
+    _room(S.c.token_total, bindparam("v_tokens")),
+    _room(S.c.version, 1),
+)
 
 
 class Statements:
@@ -129,7 +150,7 @@ class Statements:
         self.update = c(self._update().returning(S.c.version, S.c.app_name, S.c.user_id))
         self.touch = c(
             update(S)
-            .where(SESSION_KEY, SAME_LIFE)
+            .where(SESSION_KEY, SAME_LIFE, TOUCH_ROOM)
             .values(
                 message_count=S.c.message_count + bindparam("v_messages"),
                 token_total=S.c.token_total + bindparam("v_tokens"),
@@ -256,7 +277,7 @@ class Statements:
         # Appends may be conditional on the version the caller holds (None: unconditional).
         expected = bindparam("v_expected", type_=BigInteger)
         when = or_(expected.is_(None), S.c.version == expected)
-        return update(S).where(SESSION_KEY, when, SAME_LIFE).values(values)
+        return update(S).where(SESSION_KEY, when, SAME_LIFE, APPEND_ROOM).values(values)
 
     @staticmethod
     def _append_returning() -> list[Any]:

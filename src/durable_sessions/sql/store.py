@@ -23,6 +23,7 @@ from ..prepare import (
     RECREATED,
     check_after,
     check_count,
+    check_counters,
     check_expected,
     check_limit,
     check_max_bytes,
@@ -401,6 +402,11 @@ class SQLStore:
         expected = params.get("v_expected") or 0
         if params["v_incarnation"] not in (None, found.incarnation):
             raise StaleSessionError(org_id, session_id, expected, RECREATED)
+        if "v_tokens" in params and params.get("v_expected") in (None, found.version):
+            # touch or append_event, refused by its own guard against counter overflow
+            counters = (found.message_count, found.token_total, found.version)
+            messages = params.get("v_messages", 1)
+            check_counters(org_id, session_id, counters, messages, params["v_tokens"])
         raise StaleSessionError(org_id, session_id, expected)
 
     def _check_shared_deletes(self, params: dict[str, Any], delta: ScopedDelta) -> Program[None]:

@@ -316,6 +316,12 @@ class Statements:
             if name == "user":
                 where.append(table.c.user_id == select(driver.c.user_id).scalar_subquery())
             where.append(ops.in_list(table.c.key, f"v_{name}_deleted"))
+            # Only while the key holds the value the saved copy read (compared as jsonb's
+            # canonical text): a key absent when the save checked it and set by another
+            # writer since is that writer's newer value, not this delete's.
+            expected = cast(bindparam(f"v_{name}_expected", type_=JSONValue), JSONB)
+            read = expected.op("->", return_type=JSONB)(table.c.key)
+            where.append(cast(table.c.value, Text) == cast(read, Text))
             ctes.append(delete(table).where(*where).cte(f"{name}_deleted"))
         return ctes
 

@@ -11,23 +11,24 @@ from .errors import SessionExistsError, SessionNotFoundError, StaleSessionError
 from .model import Event, Filter, Session, new_id, utcnow
 from .prepare import (
     RECREATED,
-    check_after,
-    check_count,
     check_counters,
+    check_delete_user,
+    check_events_read,
     check_expected,
-    check_limit,
+    check_fork,
     check_max_bytes,
+    check_purge,
     check_session,
     check_shared_deletes,
-    check_title,
+    check_touch,
     fork_state,
     merge_state,
     prepare_create,
     prepare_event,
     prepare_update,
-    purge_cutoff,
 )
-from .state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, copy_json, validate_id
+from .state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, copy_json
+from .store import check_after_seq
 
 __all__ = ["InMemoryStore"]
 
@@ -61,7 +62,6 @@ class InMemoryStore:
     # -- helpers ---------------------------------------------------------------------------
 
     def _record(self, org_id: str, session_id: str) -> _Record:
-        check_session(org_id, session_id)
         try:
             return self._sessions[(org_id, session_id)]
         except KeyError:
@@ -137,6 +137,7 @@ class InMemoryStore:
 
     async def get(self, org_id: str, session_id: str) -> Session:
         """Return a copy of a session with its state merged."""
+        check_session(org_id, session_id)
         return self._view(self._record(org_id, session_id))
 
     async def get_with_events(
@@ -148,10 +149,10 @@ class InMemoryStore:
         after: datetime | None = None,
     ) -> Session:
         """Return a copy of a session with its state merged and its events loaded."""
-        check_session(org_id, session_id)
-        events = await self.list_events(org_id, session_id, limit=limit, after=after)
-        session = self._view(self._record(org_id, session_id))
-        session.events = events
+        after = check_events_read(org_id, session_id, limit, after)
+        record = self._record(org_id, session_id)
+        session = self._view(record)
+        session.events = self._events(record, limit, after)
         return session
 
     async def update(self, session: Session) -> Session:
@@ -183,6 +184,7 @@ class InMemoryStore:
 
     async def delete(self, org_id: str, session_id: str) -> None:
         """Delete a session with its private state and events."""
+        check_session(org_id, session_id)
         self._record(org_id, session_id)
         del self._sessions[(org_id, session_id)]
 
@@ -211,7 +213,7 @@ class InMemoryStore:
         incarnation: str | None = None,
     ) -> Event:
         """Append an event and apply its state delta atomically (see ``Store``)."""
-        check_session(org_id, session_id)  # the same order of checks as SQLStore
+        check_session(org_id, session_id)
         check_expected(expected_version)
         stored, delta = prepare_event(event, self.max_value_bytes)
         record = self._live(org_id, session_id, incarnation, expected_version or 0)
@@ -241,9 +243,13 @@ class InMemoryStore:
         after: datetime | None = None,
     ) -> builtins.list[Event]:
         """Return a session's events, oldest first."""
-        check_limit(limit)
-        after = check_after(after)
-        events = self._record(org_id, session_id).events
+        after = check_events_read(org_id, session_id, limit, after)
+        return self._events(self._record(org_id, session_id), limit, after)
+
+    def _events(
+        self, record: _Record, limit: int | None, after: datetime | None
+    ) -> builtins.list[Event]:
+        events = record.events
         if after is not None:
             events = [e for e in events if e.timestamp > after]
         if limit is not None:
@@ -261,9 +267,7 @@ class InMemoryStore:
         incarnation: str | None = None,
     ) -> Session:
         """Add to the counters and title an untitled session."""
-        check_count("messages", messages)
-        check_count("tokens", tokens)
-        check_title(title)
+        check_touch(org_id, session_id, messages, tokens, title)
         meta = self._live(org_id, session_id, incarnation, 0).meta
         counters = (meta.message_count, meta.token_total, meta.version)
         check_counters(org_id, session_id, counters, messages, tokens)
@@ -284,9 +288,7 @@ class InMemoryStore:
         with_events: bool = False,
     ) -> Session:
         """Create a child session from a parent's private state (and transcript)."""
-        check_session(org_id, session_id)  # the same order of checks as SQLStore
-        child_id = new_id() if new_session_id is None else new_session_id
-        validate_id("new_session_id", child_id)
+        child_id = check_fork(org_id, session_id, new_session_id)
         parent = self._record(org_id, session_id)
         if (org_id, child_id) in self._sessions:
             raise SessionExistsError(org_id, child_id)
@@ -314,8 +316,7 @@ class InMemoryStore:
         Raises:
             InvalidArgumentError: ``older_than`` is negative, or reaches back before the year 1.
         """
-        validate_id("org_id", org_id)
-        cutoff = purge_cutoff(older_than, utcnow())
+        cutoff = check_purge(org_id, older_than, utcnow())
         doomed = [
             key
             for key, r in self._sessions.items()
@@ -328,8 +329,7 @@ class InMemoryStore:
 
     async def delete_user(self, org_id: str, user_id: str) -> int:
         """Erase a user's sessions, events and user state in one organisation."""
-        validate_id("org_id", org_id)
-        validate_id("user_id", user_id)
+        check_delete_user(org_id, user_id)
         doomed = [
             key
             for key, r in self._sessions.items()

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .errors import InvalidArgumentError, StaleSessionError
-from .model import Event, Session
+from .model import Event, Session, new_id
 from .state import (
     APP_PREFIX,
     USER_PREFIX,
@@ -30,14 +30,19 @@ __all__ = [
     "check_after",
     "check_count",
     "check_counters",
+    "check_delete_user",
+    "check_events_read",
     "check_expected",
+    "check_fork",
     "check_limit",
     "check_max_bytes",
     "check_older_than",
+    "check_purge",
     "check_session",
     "check_shared_deletes",
     "check_timeout",
     "check_title",
+    "check_touch",
     "fork_state",
     "merge_state",
     "prepare_create",
@@ -286,3 +291,44 @@ def fork_state(parent_private: Mapping[str, Any], parent_id: str) -> dict[str, A
     state: dict[str, Any] = copy_json(dict(parent_private))
     state[FORKED_FROM] = parent_id
     return state
+
+
+# -- one check per operation: every store calls these first, so the same bad call gets the
+# -- same error, with the same message, from every store.
+
+
+def check_events_read(
+    org_id: str, session_id: str, limit: int | None, after: datetime | None
+) -> datetime | None:
+    """Check a transcript read (``list_events``, ``get_with_events``); return ``after`` in UTC."""
+    check_session(org_id, session_id)
+    check_limit(limit)
+    return check_after(after)
+
+
+def check_touch(org_id: str, session_id: str, messages: int, tokens: int, title: str) -> None:
+    """Check a ``touch``."""
+    check_session(org_id, session_id)
+    check_count("messages", messages)
+    check_count("tokens", tokens)
+    check_title(title)
+
+
+def check_fork(org_id: str, session_id: str, new_session_id: str | None) -> str:
+    """Check a ``fork``; return the child's id (a new one when none is given)."""
+    check_session(org_id, session_id)
+    child_id = new_id() if new_session_id is None else new_session_id
+    validate_id("new_session_id", child_id)
+    return child_id
+
+
+def check_purge(org_id: str, older_than: timedelta, now: datetime) -> datetime:
+    """Check a ``purge``; return its cutoff (see ``purge_cutoff``)."""
+    validate_id("org_id", org_id)
+    return purge_cutoff(older_than, now)
+
+
+def check_delete_user(org_id: str, user_id: str) -> None:
+    """Check a ``delete_user``."""
+    validate_id("org_id", org_id)
+    validate_id("user_id", user_id)

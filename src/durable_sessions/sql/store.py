@@ -21,24 +21,25 @@ from ..errors import (
 from ..model import Event, Filter, Session, new_id, utcnow
 from ..prepare import (
     RECREATED,
-    check_after,
-    check_count,
     check_counters,
+    check_delete_user,
+    check_events_read,
     check_expected,
-    check_limit,
+    check_fork,
     check_max_bytes,
+    check_purge,
     check_session,
     check_shared_deletes,
     check_timeout,
-    check_title,
+    check_touch,
     fork_state,
     merge_state,
     prepare_create,
     prepare_event,
     prepare_update,
-    purge_cutoff,
 )
-from ..state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, scope_of, validate_id
+from ..state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, scope_of
+from ..store import check_after_seq
 from .dialect import dialect_ops, install_sqlite_pragmas
 from .runner import Mode, Program, Query, make_runner
 from .schema import events, sessions, user_state
@@ -131,9 +132,7 @@ def _events_read(
     org_id: str, session_id: str, limit: int | None, after: datetime | None
 ) -> tuple[tuple[bool, bool], dict[str, Any]]:
     """Check an events read; return its statement shape (after?, limit?) and parameters."""
-    check_session(org_id, session_id)
-    check_limit(limit)
-    after = check_after(after)
+    after = check_events_read(org_id, session_id, limit, after)
     params = {"k_org": org_id, "k_id": session_id, "k_after": after, "k_limit": limit}
     return (after is not None, limit is not None), params
 
@@ -269,6 +268,8 @@ class SQLStore:
             "v_user_deleted": sorted(delta.user_deleted),
             "v_app_set": delta.app_set,
             "v_app_deleted": sorted(delta.app_deleted),
+            "v_user_expected": delta.user_expected,
+            "v_app_expected": delta.app_expected,
         }
 
     def _require(self, org_id: str, session_id: str) -> Program[int]:
@@ -596,10 +597,7 @@ class SQLStore:
         incarnation: str | None = None,
     ) -> Session:
         """Add to the counters in SQL and title an untitled session; return its metadata."""
-        check_session(org_id, session_id)
-        check_count("messages", messages)
-        check_count("tokens", tokens)
-        check_title(title)
+        check_touch(org_id, session_id, messages, tokens, title)
         params = {
             "k_org": org_id, "k_id": session_id, "v_messages": messages, "v_tokens": tokens,
             "v_title": title, "v_now": utcnow(), "v_incarnation": incarnation,
@@ -621,9 +619,7 @@ class SQLStore:
         with_events: bool = False,
     ) -> Session:
         """Create a child from the parent's private state (and transcript, in SQL)."""
-        check_session(org_id, session_id)
-        child_id = new_id() if new_session_id is None else new_session_id
-        validate_id("new_session_id", child_id)
+        child_id = check_fork(org_id, session_id, new_session_id)
         if self._pg:
             params = {
                 "k_org": org_id, "k_id": session_id, "k_child": child_id, "v_now": utcnow(),
@@ -774,8 +770,7 @@ class SQLStore:
             DeletionIncompleteError: writers held sessions past ``lock_timeout``; what was
                 deleted stays deleted, and running it again finishes the purge.
         """
-        validate_id("org_id", org_id)
-        params = {"k_org": org_id, "k_cutoff": purge_cutoff(older_than, utcnow())}
+        params = {"k_org": org_id, "k_cutoff": check_purge(org_id, older_than, utcnow())}
         where = and_(
             sessions.c.org_id == bindparam("k_org"),
             sessions.c.updated_at < bindparam("k_cutoff", type_=sessions.c.updated_at.type),
@@ -801,8 +796,7 @@ class SQLStore:
                 past ``lock_timeout``; what was deleted stays deleted, and running it again
                 finishes the erasure.
         """
-        validate_id("org_id", org_id)
-        validate_id("user_id", user_id)
+        check_delete_user(org_id, user_id)
         params = {"k_org": org_id, "k_user": user_id}
         where = and_(
             sessions.c.org_id == bindparam("k_org"), sessions.c.user_id == bindparam("k_user")

@@ -190,11 +190,7 @@ class Manager:
         stored = await self.store.append_event(
             session.org_id, session.id, event, incarnation=session.incarnation
         )
-        session.absorb(dict(event.state_delta))
-        session.message_count += 1
-        session.token_total += stored.tokens
-        session.updated_at = utcnow()
-        session.version += 1
+        session.apply_appended(event)
         return stored
 
     async def list_events(

@@ -200,6 +200,19 @@ class Session:
             if not key.startswith("temp:"):
                 self._persisted[key] = copy_json(value)
 
+    def apply_appended(self, event: Event) -> None:
+        """Bring this copy up to date with ``event``, which the store just appended to it.
+
+        Its delta joins ``state`` (``temp:`` keys too, never stored), the counters grow as
+        the store's did, and the version moves on by one, so that a later save of this copy
+        still detects anyone else's change. Every facade applies appends through this.
+        """
+        self.absorb(dict(event.state_delta))
+        self.message_count += 1
+        self.token_total += event.tokens
+        self.updated_at = utcnow()
+        self.version += 1
+
     def mark_persisted(self) -> None:
         """Record the current state as what the store holds (called by stores)."""
         self._persisted = copy_json(self.state)

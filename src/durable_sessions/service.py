@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from .errors import SessionNotFoundError
-from .model import Event, Filter, Session, new_id, utcnow
+from .model import Event, Filter, Session, new_id
 from .state import validate_id
 from .store import Store
 
@@ -94,13 +94,11 @@ class SessionService:
         Given a ``Session`` object, it is updated in place: the event joins ``events`` and
         the delta joins ``state`` (``temp:`` keys included, but never stored).
         """
-        session_id = session.id if isinstance(session, Session) else session
-        stored = await self.store.append_event(self.org_id, session_id, event)
-        if isinstance(session, Session):
-            session.events.append(stored)
-            session.absorb(dict(event.state_delta))
-            session.message_count += 1
-            session.token_total += stored.tokens
-            session.updated_at = utcnow()
-            session.version += 1
+        if not isinstance(session, Session):
+            return await self.store.append_event(self.org_id, session, event)
+        stored = await self.store.append_event(
+            self.org_id, session.id, event, incarnation=session.incarnation
+        )
+        session.events.append(stored)
+        session.apply_appended(event)
         return stored

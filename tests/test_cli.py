@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import make_url, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from durable_sessions import Event, Filter, Manager, SessionNotFoundError, SQLStore, transfer
 from durable_sessions.cli import main
 from durable_sessions.sql.schema import sessions
 from durable_sessions.transfer import dumps
+from sqlhelpers import raw_pg
 
 PROG = "durable-sessions"
 COMMANDS = [
@@ -369,6 +370,26 @@ def test_purge_refuses_a_bad_duration(age: str, tmp_path: Path) -> None:
     assert f"invalid duration {age!r}" in line
 
 
+@pytest.mark.parametrize("age", ["999999d", "99999999d", "200000w"])
+def test_purge_refuses_a_period_reaching_before_the_year_one(
+    age: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = cli(
+        capsys, "--url", f"sqlite+aiosqlite:///{tmp_path / 'x.db'}", "purge", f"--older-than={age}"
+    )
+    assert (code, out) == (2, "")
+    line = one_error_line(err)
+    assert f"duration {age!r} is too long: older_than reaches back before the year 1" in line
+    assert not (tmp_path / "x.db").exists()  # refused before the database was opened
+
+
+@pytest.mark.sqlite
+def test_purge_of_999999_days_is_one_line_in_a_child_process(tmp_path: Path) -> None:
+    done = run("--url", f"sqlite:///{tmp_path / 'x.db'}", "purge", "--older-than", "999999d")
+    assert done.returncode == 2
+    assert "is too long" in one_error_line(done.stderr.decode())
+
+
 def test_delete_user(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     migrate(db_url)
 
@@ -658,6 +679,72 @@ def test_url_and_connection_errors_are_one_line_without_the_password(
     assert message in line
     assert "s3cret" not in line
     assert done.stdout == b""
+
+
+def _with_query(url: str, **params: str) -> str:
+    return make_url(url).update_query_dict(params).render_as_string(hide_password=False)
+
+
+@pytest.mark.postgres
+def test_libpq_sslmode_works_in_a_postgres_url(
+    fresh_pg_url: Callable[[], str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """asyncpg takes ssl=, not libpq's sslmode=: the URL handling translates it, for the
+    command and for SQLStore.from_url alike."""
+    url = fresh_pg_url()
+    plain = url.replace("postgresql+asyncpg://", "postgresql://", 1)
+    code, _, err = cli(capsys, "--url", _with_query(plain, sslmode="disable"), "migrate")
+    assert (code, err) == (0, "")
+    code, _, err = cli(capsys, "--url", _with_query(url, sslmode="prefer"), "check")
+    assert (code, err) == (0, "")
+
+    async def listed() -> list[Any]:
+        store = SQLStore.from_url(_with_query(url, sslmode="disable"))
+        try:
+            return await store.list(Filter("acme"))
+        finally:
+            await store.close()
+
+    assert asyncio.run(listed()) == []
+
+
+@pytest.mark.postgres
+def test_sslmode_require_without_tls_on_the_server_is_one_line(
+    fresh_pg_url: Callable[[], str],
+) -> None:
+    url = fresh_pg_url()
+
+    async def tls_on() -> bool:
+        async with raw_pg(url) as conn:
+            return bool(await conn.fetchval("SHOW ssl") == "on")
+
+    if asyncio.run(tls_on()):
+        pytest.skip("this Postgres server offers TLS")
+    done = run("--url", _with_query(url, sslmode="require"), "current")
+    assert done.returncode == 1
+    line = one_error_line(done.stderr.decode())
+    assert "cannot use the database at" in line
+    assert "SSL" in line
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ({"sslmode": "bogus"}, "the URL's TLS mode (ssl or sslmode) must be one of disable"),
+        ({"ssl": "yes"}, "the URL's TLS mode (ssl or sslmode) must be one of disable"),
+        ({"sslmode": "require", "ssl": "disable"}, "gives both ssl and sslmode"),
+        ({"sslrootcert": "/etc/root.crt"}, "set the environment variable PGSSLROOTCERT"),
+    ],
+)
+def test_bad_tls_parameters_in_a_postgres_url_are_one_line(
+    query: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = _with_query("postgresql://ada:s3cret@127.0.0.1:1/x", **query)
+    code, out, err = cli(capsys, "--url", url, "current")
+    assert (code, out) == (1, "")
+    line = one_error_line(err)
+    assert message in line
+    assert "s3cret" not in line
 
 
 @pytest.mark.sqlite

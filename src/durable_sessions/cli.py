@@ -25,7 +25,8 @@ from .errors import (
     StoreUnavailableError,
 )
 from .manager import Manager
-from .model import Filter, Session
+from .model import Filter, Session, utcnow
+from .prepare import purge_cutoff
 from .sql.store import SQLStore
 from .urls import async_url, sqlite_file
 
@@ -333,6 +334,10 @@ async def _delete(args: argparse.Namespace) -> int:
 
 async def _purge(args: argparse.Namespace) -> int:
     older_than = parse_duration(args.older_than)
+    try:  # before opening the database: the period itself is wrong
+        purge_cutoff(older_than, utcnow())
+    except InvalidArgumentError as exc:
+        raise CLIError(f"duration {args.older_than!r} is too long: {exc}", code=2) from None
     async with _open(args) as store:
         manager = Manager(store)
         count = await manager.purge(args.org, older_than=older_than, dry_run=True)

@@ -4,6 +4,8 @@ The command line, the ``alembic`` command (``migrations/env.py``) and ``SQLStore
 accept the same URLs through :func:`async_url`: the async URLs themselves
 (``sqlite+aiosqlite:///sessions.db``, ``postgresql+asyncpg://user@host/db``) and the plain
 ``sqlite://``, ``postgresql://`` and ``postgres://`` forms, which get their async driver.
+A Postgres URL may name its TLS mode libpq's way (``?sslmode=require``) or asyncpg's
+(``?ssl=require``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ ASYNC_DRIVERS = {
 """Plain URL schemes and the async driver each is mapped to."""
 
 EXAMPLES = "sqlite:///sessions.db or postgresql://user@host:5432/db"
+
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+"""The TLS modes of a Postgres URL (libpq's ``sslmode``, asyncpg's ``ssl``)."""
+_SSL_FILES = {
+    "sslrootcert": "PGSSLROOTCERT",
+    "sslcert": "PGSSLCERT",
+    "sslkey": "PGSSLKEY",
+    "sslcrl": "PGSSLCRL",
+}
 
 
 def async_url(raw: str | URL) -> URL:
@@ -61,7 +72,29 @@ def async_url(raw: str | URL) -> URL:
             f"unsupported database URL scheme {url.drivername!r}; use sqlite:// "
             "(sqlite+aiosqlite://) or postgresql:// (postgresql+asyncpg://)"
         )
-    return url
+    return _postgres_tls(url) if pair[0] == "postgresql" else url
+
+
+def _postgres_tls(url: URL) -> URL:
+    """Give asyncpg the TLS mode as ``ssl=``: it takes libpq's ``sslmode`` as an unknown
+    keyword (a TypeError at connect time), and names an unknown mode only in a traceback."""
+    query = dict(url.query)
+    for name, variable in _SSL_FILES.items():
+        if name in query:
+            raise InvalidArgumentError(
+                f"the URL parameter {name!r} is not taken by asyncpg; set the environment "
+                f"variable {variable} to the file instead"
+            )
+    if "sslmode" in query:
+        mode = query.pop("sslmode")
+        if query.setdefault("ssl", mode) != mode:
+            raise InvalidArgumentError("the URL gives both ssl and sslmode; give one of them")
+    given = query.get("ssl")
+    if given is not None and given not in SSL_MODES:
+        raise InvalidArgumentError(
+            f"the URL's TLS mode (ssl or sslmode) must be one of {', '.join(SSL_MODES)}"
+        )
+    return url.set(query=query)
 
 
 def sqlite_file(url: URL) -> Path | None:

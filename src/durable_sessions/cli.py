@@ -398,7 +398,7 @@ def _summary(counts: Any) -> str:
 
 
 async def _export(args: argparse.Namespace) -> int:
-    from .transfer import count_sessions, export_jsonl
+    from .sql.transfer import count_sessions, export_jsonl
 
     to_stdout = args.output == "-"
     show = _interactive(data_on_stdout=to_stdout)
@@ -427,7 +427,7 @@ async def _export(args: argparse.Namespace) -> int:
 
 async def _import(args: argparse.Namespace) -> int:
     from . import migrate
-    from .transfer import import_jsonl
+    from .sql.transfer import import_jsonl
 
     # Restoring into a new, empty database just works: it is migrated first. A new SQLite
     # file is removed again if the import fails, so a failed restore leaves nothing behind.

@@ -23,14 +23,10 @@ from sqlalchemy import String, Table, bindparam, func, select, tuple_
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .errors import InvalidArgumentError, SessionError
-from .model import new_id
-from .prepare import check_title
-from .sql.dialect import dialect_ops
-from .sql.runner import translated
-from .sql.schema import app_state, events, sessions, user_state
-from .sql.store import SQLStore
-from .state import (
+from ..errors import InvalidArgumentError, SessionError
+from ..model import new_id
+from ..prepare import check_title
+from ..state import (
     APP_PREFIX,
     TEMP_PREFIX,
     USER_PREFIX,
@@ -39,6 +35,10 @@ from .state import (
     validate_key,
     validate_value,
 )
+from .dialect import dialect_ops
+from .runner import translated
+from .schema import app_state, events, sessions, user_state
+from .store import SQLStore
 
 __all__ = [
     "FORMAT",

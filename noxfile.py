@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import nox
+from packaging.requirements import Requirement
 
 nox.options.sessions = ["lint", "typecheck", "tests", "wheel"]
 nox.options.reuse_existing_virtualenvs = True
@@ -18,6 +19,36 @@ SOURCES = ["src", "tests", "migrations", "benchmarks", "noxfile.py"]
 def install_group(session: nox.Session, group: str) -> None:
     """Install a PEP 735 dependency group from pyproject.toml."""
     session.install(*nox.project.dependency_groups(PYPROJECT, group))
+
+
+RANGE_EXTRAS = ["sqlite", "postgres", "cli"]
+"""The extras whose dependencies the lowest/newest sessions move to the ends of their ranges."""
+
+
+def declared_floors() -> list[str]:
+    """``name==X`` for every ``name>=X`` the package declares (dependencies and extras)."""
+    project = PYPROJECT["project"]
+    declared = list(project["dependencies"])
+    for extra in RANGE_EXTRAS:
+        declared += project["optional-dependencies"][extra]
+    floors: dict[str, str] = {}
+    for text in declared:
+        requirement = Requirement(text)
+        for spec in requirement.specifier:
+            if spec.operator == ">=":
+                floors[requirement.name.lower()] = f"{requirement.name}=={spec.version}"
+    return sorted(floors.values())
+
+
+def show_versions(session: nox.Session) -> None:
+    """Print the versions of the dependencies whose ranges are under test."""
+    session.run(
+        "python",
+        "-c",
+        "from importlib.metadata import version as v; "
+        "print(*(f'{d} {v(d)}' for d in "
+        "('SQLAlchemy', 'alembic', 'aiosqlite', 'asyncpg', 'rich', 'greenlet')), sep=', ')",
+    )
 
 
 @nox.session
@@ -40,6 +71,37 @@ def tests(session: nox.Session) -> None:
     """Run the whole test suite: memory, SQLite, and Postgres when its URL is set."""
     session.install("-e", ".[sqlite,postgres]")
     install_group(session, "test")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lowest(session: nox.Session) -> None:
+    """Run the whole suite on the lowest versions the package declares.
+
+    SQLAlchemy, Alembic, aiosqlite, asyncpg and rich are pinned to the floors in
+    pyproject.toml. google-adk (which needs a newer aiosqlite) is left out, and so are the
+    tests of the ADK adapter.
+    """
+    constraints = Path(session.create_tmp()) / "lowest.txt"
+    constraints.write_text("\n".join(declared_floors()) + "\n", encoding="utf-8")
+    tools = [r for r in nox.project.dependency_groups(PYPROJECT, "test") if "google-adk" not in r]
+    session.install("-c", str(constraints), "-e", f".[{','.join(RANGE_EXTRAS)}]", *tools)
+    show_versions(session)
+    session.run("pytest", "--ignore=tests/test_adk.py", *session.posargs)
+
+
+@nox.session
+def newest(session: nox.Session) -> None:
+    """Run the whole suite on the newest versions of every dependency (within the bounds)."""
+    session.install(
+        "--upgrade",
+        "--upgrade-strategy",
+        "eager",
+        "-e",
+        f".[{','.join(RANGE_EXTRAS)}]",
+        *nox.project.dependency_groups(PYPROJECT, "test"),
+    )
+    show_versions(session)
     session.run("pytest", *session.posargs)
 
 

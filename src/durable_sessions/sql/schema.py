@@ -78,7 +78,9 @@ class _JSONB(TypeDecorator[Any]):
         return to_json
 
     def result_processor(self, dialect: Dialect, coltype: Any) -> Any:
-        return self.impl_instance.result_processor(dialect, coltype)
+        # The dialect's own JSONB: on asyncpg its codec has decoded the value already
+        # (SQLAlchemy 2.0's plain JSONB would decode it a second time).
+        return self.impl_instance.dialect_impl(dialect).result_processor(dialect, coltype)
 
 
 JSONValue = _JSONText().with_variant(_JSONB(), "postgresql")

@@ -12,19 +12,20 @@ Switch an ADK app over by handing the Runner this service instead of one of ADK'
 Without ``org_id`` each call works in the organisation bound in its context
 (``current_org_id()``), so one service can serve every tenant.
 
+Session ids follow ADK: an id is unique within its (app, user), so two users may both have
+a session ``"main"``. The ADK session ``(app, user, id)`` is the durable session whose id is
+``durable_session_id(app, user, id)``, ``"app/user/id"`` (``%``, ``/`` and ``#`` in a part
+written ``%25``, ``%2F``, ``%23``; past 255 characters, ``"#<hash of app and user>/id"``),
+with ``app_name`` and ``user_id`` as given: find it with ``durable-sessions show
+my_app/alice/main`` or ``list --app my_app --user alice``.
+
 ADK's ``Event`` is stored whole, as the JSON of ``model_dump(mode="json",
-exclude_none=True)``, in the stored event's ``content`` (never pickled) and read back with
-``Event.model_validate``; its ``actions.state_delta`` is the stored event's ``state_delta``,
-applied by scope (``app:``, ``user:``, private; ``temp:`` never stored). ADK sessions get the
-library's counters, tenants, forks and retention; ``session.id`` is the durable session id.
-
-Differences from ADK's own services:
-
-* Session ids are unique within an organisation, not within an (app, user): an explicit id
-  already taken by another user or app of the organisation is refused with
-  ``AlreadyExistsError``, and the other user neither reads nor deletes that session.
-* ``last_update_time`` is the timestamp of the session's newest event (creation time
-  before the first), as ADK's database service records it.
+exclude_none=True)``, in the stored event's ``content`` (never pickled) and read back as
+``Event.model_validate`` would (see ``_adk_models``); its ``actions.state_delta`` is the
+stored event's ``state_delta``, applied by scope (``app:``, ``user:``, private; ``temp:``
+never stored). ``last_update_time`` is the newest event's timestamp (at microseconds, as
+ADK's database keeps it), or the session's ``updated_at`` before its first event and in
+``list_sessions``. Nothing of the adapter's own is kept in the session's state.
 
 Requires the ``adk`` extra: ``pip install "durable-sessions[adk]"``.
 """
@@ -32,6 +33,7 @@ Requires the ``adk`` extra: ``pip install "durable-sessions[adk]"``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -52,6 +54,8 @@ try:
     from google.adk.sessions.session import Session as AdkSession
     from google.genai import types
     from pydantic_core import to_jsonable_python
+
+    from ._adk_models import construct, rebuild
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
         "durable_sessions.adk needs Google ADK, which is not installed: "
@@ -61,28 +65,75 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
 from .context import current_org_id
 from .errors import (
     InvalidArgumentError,
+    InvalidStateError,
     SessionExistsError,
     SessionNotFoundError,
     StaleSessionError,
 )
 from .model import Event, Filter, Session, new_id
 from .prepare import check_limit
-from .state import TEMP_PREFIX, validate_id
+from .state import MAX_ID_LENGTH, TEMP_PREFIX, USER_PREFIX, check_text, validate_id
 from .store import Store
 
-__all__ = ["DurableSessionService"]
+__all__ = ["DurableSessionService", "durable_session_id"]
 
 _STALE_MESSAGE = (
     "The session has been modified in storage since it was loaded. "
     "Please reload the session before appending more events."
 )
 _MARKER_PREFIX = "durable-sessions:v"
-# A private state key holding the newest appended event's ADK timestamp (ADK's session
-# update time), so that listing needs no read per session. ADK never sees it.
-_UPDATE_TIME_KEY = "__adk_last_update_time__"
 # ADK's StaleSessionError (a ValueError) exists since google-adk 2.x; before, ADK raised ValueError.
 _STALE_ERROR: type[ValueError] = getattr(adk_errors, "StaleSessionError", ValueError)
 _ONE_MICROSECOND = timedelta(microseconds=1)
+_HASHED = "#"
+
+
+def _escape(part: str) -> str:
+    return part.replace("%", "%25").replace("/", "%2F").replace("#", "%23")
+
+
+def _unescape(part: str) -> str:
+    # Every "%" of an escaped part starts an escape, so these cannot overlap.
+    return part.replace("%2F", "/").replace("%23", "#").replace("%25", "%")
+
+
+def durable_session_id(app_name: str, user_id: str, session_id: str) -> str:
+    """Return the durable-sessions id of the ADK session ``session_id`` of (app, user).
+
+    ``"app/user/id"``, each part with ``%``, ``/`` and ``#`` escaped as ``%25``, ``%2F``
+    and ``%23``, so that every (app, user, id) has its own id. When that is longer than
+    the 255 characters an id may have, the app and user are replaced by a hash:
+    ``"#<32 hex digits>/id"``.
+
+    Raises:
+        InvalidArgumentError: even the hashed form is too long (an ADK id of more than
+            about 220 characters), or a part holds text no backend stores.
+    """
+    for name, part in (("app_name", app_name), ("user_id", user_id), ("session_id", session_id)):
+        problem = check_text(part) if isinstance(part, str) else "is not a string"
+        if problem:
+            raise InvalidArgumentError(f"{name} {part!r} {problem}")
+    readable = f"{_escape(app_name)}/{_escape(user_id)}/{_escape(session_id)}"
+    if len(readable) <= MAX_ID_LENGTH:
+        return readable
+    owner = hashlib.sha256(f"{app_name}\x00{user_id}".encode()).hexdigest()[:32]
+    hashed = f"{_HASHED}{owner}/{_escape(session_id)}"
+    if len(hashed) > MAX_ID_LENGTH:
+        raise InvalidArgumentError(f"session_id is too long ({len(session_id)} characters)")
+    return hashed
+
+
+def _adk_session_id(stored: Session) -> str | None:
+    """Return the ADK id of a stored session, or None if it is not an ADK session's."""
+    head, _, tail = stored.id.rpartition("/")
+    if not head:
+        return None
+    session_id = _unescape(tail)
+    try:
+        expected = durable_session_id(stored.app_name, stored.user_id, session_id)
+    except InvalidArgumentError:
+        return None
+    return session_id if expected == stored.id else None
 
 
 def _marker(org_id: str, version: int) -> str:
@@ -94,24 +145,39 @@ def _not_found(session_id: str) -> AdkSessionNotFoundError:
     return AdkSessionNotFoundError(f"Session {session_id} not found.")
 
 
-def _to_json(value: Any) -> Any:
-    """Convert a value to JSON as ADK's database service does: unknown types become text."""
-    return to_jsonable_python(value, serialize_unknown=True)
+def _to_json(value: Any, key: str) -> Any:
+    """Convert a value to JSON as ADK's database service does: unknown types become text.
+
+    Raises:
+        InvalidStateError: the value cannot be converted (nested too deeply, say).
+    """
+    try:
+        return to_jsonable_python(value, serialize_unknown=True)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidStateError(key, f"cannot be stored as JSON ({exc})") from None
 
 
 def _to_record(event: AdkEvent) -> Event:
-    """Return the durable event that stores an ADK event exactly, as JSON."""
-    data: dict[str, Any] = event.model_dump(mode="json", exclude_none=True, fallback=_to_json)
+    """Return the durable event that stores an ADK event exactly, as JSON.
+
+    Raises:
+        InvalidStateError: a value of the event cannot be stored as JSON.
+    """
+    try:
+        data: dict[str, Any] = event.model_dump(
+            mode="json", exclude_none=True, fallback=lambda v: _to_json(v, "<event>")
+        )
+    except (ValueError, RecursionError):
+        # Name the state key at fault if there is one; else the event as a whole.
+        for key, value in (event.actions.state_delta or {}).items():
+            _to_json(value, key)
+        raise InvalidStateError("<event>", "the event cannot be stored as JSON") from None
     usage = event.usage_metadata
     return Event(
         author=event.author,
         content=data,
         invocation_id=event.invocation_id,
-        # The adapter's own bookkeeping rides along: the session's ADK update time.
-        state_delta={
-            **(data.get("actions", {}).get("state_delta") or {}),
-            _UPDATE_TIME_KEY: event.timestamp,
-        },
+        state_delta=dict(data.get("actions", {}).get("state_delta") or {}),
         tokens=max(0, (usage.total_token_count or 0) if usage else 0),
         id=event.id,
         timestamp=datetime.fromtimestamp(event.timestamp, tz=timezone.utc),
@@ -125,7 +191,7 @@ def _from_record(record: Event) -> AdkEvent:
     """
     content = record.content
     if isinstance(content, dict) and "actions" in content and "id" in content:
-        return AdkEvent.model_validate(content)
+        return rebuild(AdkEvent, content)
     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
     return AdkEvent(
         id=record.id,
@@ -146,13 +212,35 @@ def _strip_id(session_id: str | None) -> str | None:
     return session_id.strip() if session_id else session_id
 
 
+def _update_time(stored: Session, newest: Event | None) -> float:
+    """ADK's ``last_update_time``: the newest event's time (at the microsecond, as ADK's
+    database keeps it), or the last write's without events."""
+    return (newest.timestamp if newest is not None else stored.updated_at).timestamp()
+
+
+def _to_adk(stored: Session, session_id: str, events: list[AdkEvent], updated: float) -> AdkSession:
+    return construct(
+        AdkSession,
+        {
+            "id": session_id,
+            "app_name": stored.app_name,
+            "user_id": stored.user_id,
+            "state": stored.state,
+            "events": events,
+            "last_update_time": updated,
+        },
+        _storage_update_marker=_marker(stored.org_id, stored.version),
+    )
+
+
 class DurableSessionService(BaseSessionService):
     """ADK's ``BaseSessionService`` over a durable-sessions ``Store``.
 
-    Every method keeps ADK's semantics: ``get_session`` returns None for a missing session,
-    ``delete_session`` ignores one, ``append_event`` skips partial events, applies ``temp:``
-    keys to the in-memory session only and raises ADK's ``StaleSessionError`` when the
-    session object is older than storage.
+    Every method keeps ADK's semantics: session ids are unique per (app, user), and each
+    call sees only the sessions of the (app, user) it names; ``get_session`` returns None
+    for a missing session, ``delete_session`` ignores one, ``append_event`` skips partial
+    events, applies ``temp:`` keys to the in-memory session only and raises ADK's
+    ``StaleSessionError`` when the session object is older than storage.
 
     Args:
         store: Where sessions live: ``InMemoryStore``, ``SQLStore`` or any ``Store``.
@@ -176,52 +264,22 @@ class DurableSessionService(BaseSessionService):
         """
         return self._org_id if self._org_id is not None else current_org_id()
 
-    async def _owned(
-        self,
-        org_id: str,
-        app_name: str,
-        user_id: str,
-        session_id: str,
-        *,
-        events: int | bool = False,
+    async def _load(
+        self, org_id: str, app_name: str, user_id: str, session_id: str, limit: int | None
     ) -> Session | None:
-        """Return the stored session if it belongs to this app and user, else None.
-
-        With ``events`` (True for all, or a number for the newest ones), its events are
-        read in the same store call.
-        """
-        limit = None if events is True or events is False else int(events)
-        check_limit(limit)  # a bad limit is the caller's error, not a missing session
+        """Return the stored session with its newest ``limit`` events (None: all), or None
+        if (app, user) has no such session."""
         try:
-            validate_id("session_id", session_id)  # a blank or overlong id names no session
-            if events is False:
-                stored = await self.store.get(org_id, session_id)
-            else:
-                stored = await self.store.get_with_events(org_id, session_id, limit=limit)
+            durable_id = durable_session_id(app_name, user_id, session_id)
+            if not session_id:
+                return None
+            stored = await self.store.get_with_events(org_id, durable_id, limit=limit)
         except (SessionNotFoundError, InvalidArgumentError):
             return None
+        # The id names (app, user): a session stored under it for another is not theirs.
         if stored.app_name != app_name or stored.user_id != user_id:
             return None
         return stored
-
-    @staticmethod
-    def _update_time(stored: Session) -> float:
-        """The newest appended event's timestamp, or the creation time without events."""
-        value = stored.state.get(_UPDATE_TIME_KEY)
-        return float(value) if isinstance(value, (int, float)) else stored.created_at.timestamp()
-
-    @staticmethod
-    def _to_adk(stored: Session, events: list[AdkEvent], last_update_time: float) -> AdkSession:
-        session = AdkSession(
-            id=stored.id,
-            app_name=stored.app_name,
-            user_id=stored.user_id,
-            state={k: v for k, v in stored.state.items() if k != _UPDATE_TIME_KEY},
-            events=events,
-            last_update_time=last_update_time,
-        )
-        session._storage_update_marker = _marker(stored.org_id, stored.version)
-        return session
 
     async def create_session(
         self,
@@ -237,24 +295,25 @@ class DurableSessionService(BaseSessionService):
         user's, ``temp:`` keys are dropped and the rest are private to the session.
 
         Raises:
-            AlreadyExistsError: the id is taken in the organisation.
+            AlreadyExistsError: (app, user) already has a session with this id.
+            InvalidStateError: a state value cannot be stored; nothing is written.
             MissingScopeError: no organisation was given or bound.
         """
         org_id = self._org()
         session_id = _strip_id(session_id) or new_id()
         initial = {k: v for k, v in (state or {}).items() if not k.startswith(TEMP_PREFIX)}
         record = Session(
-            id=session_id,
+            id=durable_session_id(app_name, user_id, session_id),
             org_id=org_id,
             user_id=user_id,
             app_name=app_name,
-            state=_to_json(initial),
+            state={key: _to_json(value, key) for key, value in initial.items()},
         )
         try:
             created = await self.store.create(record)
         except SessionExistsError:
             raise AlreadyExistsError(f"Session with id {session_id} already exists.") from None
-        return self._to_adk(created, [], created.created_at.timestamp())
+        return _to_adk(created, session_id, [], _update_time(created, None))
 
     async def get_session(
         self,
@@ -272,42 +331,33 @@ class DurableSessionService(BaseSessionService):
         org_id = self._org()
         limit = config.num_recent_events if config else None
         after = config.after_timestamp if config else None
-        if after is None and limit != 0:
-            # The common case: the session and its (newest) events in one store read.
-            loaded = await self._owned(
-                org_id, app_name, user_id, _strip_id(session_id) or "", events=limit or True
-            )
-            if loaded is None:
-                return None
-            events = [_from_record(record) for record in loaded.events]
-            loaded.events = []
-            last = events[-1].timestamp if events else self._update_time(loaded)
-            return self._to_adk(loaded, events, last)
-        stored = await self._owned(org_id, app_name, user_id, _strip_id(session_id) or "")
+        check_limit(limit)  # a bad limit is the caller's error, not a missing session
+        session_id = _strip_id(session_id) or ""
+        # One store read: the session and its newest events (one, for the update time).
+        read = limit if after is None and limit != 0 else 1
+        stored = await self._load(org_id, app_name, user_id, session_id, read)
         if stored is None:
             return None
-        events = [] if limit == 0 else await self._events(org_id, stored.id, limit, after)
-        if events and after is None:
-            last_update_time = events[-1].timestamp  # the newest stored event was read
+        records, stored.events = stored.events, []
+        updated = _update_time(stored, records[-1] if records else None)
+        if limit == 0:
+            events: list[AdkEvent] = []
+        elif after is None:
+            events = [_from_record(record) for record in records]
         else:
-            last_update_time = self._update_time(stored)
-        return self._to_adk(stored, events, last_update_time)
+            events = await self._events(org_id, stored.id, limit, after)
+        return _to_adk(stored, session_id, events, updated)
 
     async def _events(
-        self, org_id: str, session_id: str, limit: int | None, after: float | None
+        self, org_id: str, durable_id: str, limit: int | None, after: float
     ) -> list[AdkEvent]:
         """Read events: the newest ``limit`` of those at or after ``after`` (exactly)."""
-        if after is None:
-            return [
-                _from_record(r)
-                for r in await self.store.list_events(org_id, session_id, limit=limit)
-            ]
         # Stored timestamps have microsecond precision: read a superset, then filter exactly.
         bound = datetime.fromtimestamp(after, tz=timezone.utc) - _ONE_MICROSECOND
-        records = await self.store.list_events(org_id, session_id, limit=limit, after=bound)
+        records = await self.store.list_events(org_id, durable_id, limit=limit, after=bound)
         events = [e for e in map(_from_record, records) if e.timestamp >= after]
         if limit is not None and len(events) < len(records) == limit:
-            records = await self.store.list_events(org_id, session_id, after=bound)
+            records = await self.store.list_events(org_id, durable_id, after=bound)
             events = [e for e in map(_from_record, records) if e.timestamp >= after][-limit:]
         return events
 
@@ -316,24 +366,41 @@ class DurableSessionService(BaseSessionService):
     ) -> ListSessionsResponse:
         """Return an app's sessions, least recently updated first, with state, without events.
 
-        With ``user_id`` only that user's sessions; without it every user's.
+        With ``user_id`` only that user's sessions; without it every user's. Sessions made
+        through the core API under ids that are not ADK ids (see ``durable_session_id``)
+        are left out: no ADK call could name them.
         """
         org_id = self._org()
         found = await self.store.list(
             Filter(org_id, user_id=user_id, app_name=app_name, with_state=True)
         )
-        sessions = [self._to_adk(stored, [], self._update_time(stored)) for stored in found]
+        sessions = []
+        for stored in found:
+            session_id = _adk_session_id(stored)
+            if session_id is not None:
+                sessions.append(_to_adk(stored, session_id, [], _update_time(stored, None)))
         sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
-        return ListSessionsResponse(sessions=sessions)
+        return construct(ListSessionsResponse, {"sessions": sessions})
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         """Delete a session and its events; a missing session is ignored, as in ADK."""
         org_id = self._org()
-        stored = await self._owned(org_id, app_name, user_id, _strip_id(session_id) or "")
-        if stored is None:
-            return
-        with contextlib.suppress(SessionNotFoundError):  # deleted meanwhile
-            await self.store.delete(org_id, stored.id)
+        session_id = _strip_id(session_id) or ""
+        # One statement, no read first: the id itself names (app, user).
+        with contextlib.suppress(SessionNotFoundError, InvalidArgumentError):
+            if session_id:
+                durable_id = durable_session_id(app_name, user_id, session_id)
+                await self.store.delete(org_id, durable_id)
+
+    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the user's ``user:`` state in this app, keys without the prefix.
+
+        It is there before the user's first session and after their last one is deleted;
+        an empty dict when the user has none.
+        """
+        shared = await self.store.get_shared_state(self._org(), app_name, user_id)
+        start = len(USER_PREFIX)
+        return {k[start:]: v for k, v in shared.items() if k.startswith(USER_PREFIX)}
 
     async def append_event(self, session: AdkSession, event: AdkEvent) -> AdkEvent:
         """Store an event and apply it to the session object in place, as ADK expects.
@@ -346,30 +413,47 @@ class DurableSessionService(BaseSessionService):
             StaleSessionError: (ADK's) storage changed since ``session`` was loaded;
                 nothing is written.
             SessionNotFoundError: (ADK's) no such session for this app and user.
+            InvalidStateError: a value of the event cannot be stored; nothing is written
+                and neither the session nor the event is changed.
         """
         if event.partial:
             return event
-        delta = event.actions.state_delta if event.actions else None
-        if delta:
-            for key, value in delta.items():
-                if key.startswith(TEMP_PREFIX):
-                    session.state[key] = value
-            event.actions.state_delta = {
-                k: v for k, v in delta.items() if not k.startswith(TEMP_PREFIX)
-            }
         org_id = self._org()
-        record = _to_record(event)
+        delta: dict[str, Any] = (event.actions.state_delta if event.actions else None) or {}
+        temp = {k: v for k, v in delta.items() if k.startswith(TEMP_PREFIX)}
+        before = {k: session.state[k] for k in temp if k in session.state}
+
+        def undo() -> None:
+            """Put the event and the session back as they were given."""
+            if temp:
+                event.actions.state_delta = delta
+                for key in temp:
+                    session.state.pop(key, None)
+                session.state.update(before)
+
+        if temp:
+            event.actions.state_delta = {k: v for k, v in delta.items() if k not in temp}
+        try:
+            record = _to_record(event)
+        except InvalidStateError:
+            undo()
+            raise
+        session.state.update(temp)  # for the rest of the invocation, as ADK does
         version = await self._check_current(org_id, session)
         try:
+            durable_id = durable_session_id(session.app_name, session.user_id, session.id)
             # The store checks the version in the same statement as the append, so a writer
             # in another process holding the same revision cannot slip in between.
-            await self.store.append_event(org_id, session.id, record, expected_version=version)
-        except SessionNotFoundError:
+            await self.store.append_event(org_id, durable_id, record, expected_version=version)
+        except InvalidStateError:
+            undo()
+            raise
+        except (SessionNotFoundError, InvalidArgumentError):
             raise _not_found(session.id) from None
         except StaleSessionError:
             raise _STALE_ERROR(_STALE_MESSAGE) from None
         session._storage_update_marker = _marker(org_id, version + 1)
-        session.last_update_time = event.timestamp
+        session.last_update_time = record.timestamp.timestamp()
         if event.actions and event.actions.state_delta:
             session.state.update(event.actions.state_delta)
         session.events.append(event)
@@ -382,19 +466,18 @@ class DurableSessionService(BaseSessionService):
         appending, with no read first. Any other session object is checked against storage.
         """
         marker = session._storage_update_marker or ""
-        ours = marker.startswith(_MARKER_PREFIX)
-        if ours:
+        if marker.startswith(_MARKER_PREFIX):
             version, _, marked_org = marker[len(_MARKER_PREFIX) :].partition(":")
             if marked_org != org_id:
                 raise _not_found(session.id)  # loaded in another organisation
             return int(version)
-        stored = await self._owned(org_id, session.app_name, session.user_id, session.id)
-        if stored is None:
-            raise _not_found(session.id)
         # A session object this service did not load: current if it ends with the newest
         # stored event (or both have none), as ADK's database service checks.
-        last = await self.store.list_events(org_id, session.id, limit=1)
+        stored = await self._load(org_id, session.app_name, session.user_id, session.id, 1)
+        if stored is None:
+            raise _not_found(session.id)
+        newest = stored.events[-1].id if stored.events else None
         known = session.events[-1].id if session.events else None
-        if (last[0].id if last else None) != known:
+        if newest != known:
             raise _STALE_ERROR(_STALE_MESSAGE)
         return stored.version

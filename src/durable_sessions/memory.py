@@ -27,7 +27,7 @@ from .prepare import (
     prepare_event,
     prepare_update,
 )
-from .state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, copy_json
+from .state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, copy_json, validate_id
 from .store import check_after_seq
 
 __all__ = ["InMemoryStore"]
@@ -340,3 +340,13 @@ class InMemoryStore:
         for user_key in [k for k in self._user if k[0] == org_id and k[2] == user_id]:
             del self._user[user_key]
         return len(doomed)
+
+    async def get_shared_state(self, org_id: str, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the ``user:`` and ``app:`` state of (app, user), prefixed (see ``Store``)."""
+        validate_id("org_id", org_id)
+        validate_id("app_name", app_name, allow_empty=True)
+        validate_id("user_id", user_id)
+        user = self._user.get((org_id, app_name, user_id), {})
+        app = self._app.get((org_id, app_name), {})
+        shared: dict[str, Any] = copy_json(merge_state({}, user.items(), app.items()))
+        return shared

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 from datetime import datetime, timedelta
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .model import Event, Filter, Session
 
@@ -188,4 +188,16 @@ class Store(Protocol):
 
     async def delete_user(self, org_id: str, user_id: str) -> int:
         """Erase a user's sessions, events and ``user:`` state; return the sessions deleted."""
+        ...
+
+    async def get_shared_state(self, org_id: str, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the ``user:`` state of (app, user) and the ``app:`` state of the app.
+
+        Keys carry their prefix, as in a session's ``state``. Shared state lives apart from
+        sessions: it is there before the user's first session and after their last one is
+        deleted. An empty dict when there is none.
+
+        Raises:
+            InvalidArgumentError: an id is empty (``app_name`` may be) or malformed.
+        """
         ...

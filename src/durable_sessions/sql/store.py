@@ -38,7 +38,7 @@ from ..prepare import (
     prepare_event,
     prepare_update,
 )
-from ..state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, scope_of
+from ..state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, scope_of, validate_id
 from ..store import check_after_seq
 from .dialect import dialect_ops, install_sqlite_pragmas
 from .runner import Mode, Program, Query, make_runner
@@ -809,3 +809,13 @@ class SQLStore:
             ),
         )
         return await self._delete_all("delete_user", where, params, drop_state)
+
+    async def get_shared_state(self, org_id: str, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the ``user:`` and ``app:`` state of (app, user), prefixed, in one statement."""
+        validate_id("org_id", org_id)
+        validate_id("app_name", app_name, allow_empty=True)
+        validate_id("user_id", user_id)
+        params = {"k_org": org_id, "k_app": app_name, "k_user": user_id}
+        program = self._rows(self._q.shared, params, lambda row: row)
+        (row,) = await self._runner.run(program, "read", "get_shared_state")
+        return merge_state({}, *_shared(row.user_state, row.app_state))

@@ -1,0 +1,369 @@
+"""Rebuild ADK's pydantic models from the JSON the ADK adapter stored, without revalidating.
+
+Every use of pydantic's and ADK's internals by durable-sessions is in this module. It was
+checked against pydantic 2.14 (pydantic-core 2.50), google-adk 2.13 and google-genai 2.34,
+and is tested against ``model_validate`` (equality, types and ``model_fields_set`` of every
+nested model) on each supported version.
+
+Why: an ADK ``Event`` read back with ``Event.model_validate`` costs about 19 us, almost all
+of it in two Python "before" validators that do nothing for stored JSON (google-genai's
+``_check_field_type_mismatches``, which only logs a warning for a model instance of the
+wrong class, and ADK's ``Event._accept_convenience_kwargs``, which only routes the
+constructor shortcuts ``message``, ``state``, ``route`` and ``node_path``). A transcript of
+20 events then costs more than the database read.
+
+How: for data this adapter wrote itself (``model_dump(mode="json", exclude_none=True)`` of
+a validated event), a value whose validation is provably the identity (a ``str`` for a
+``str`` field, a known member's value for an enum, a JSON object for ``dict[str, Any]``)
+is taken as is, nested models are rebuilt the way ``model_construct`` builds them, and
+anything else (bytes, unknown keys, a type the plan does not know, a model with any other
+validator) is handed to pydantic's own validation. The fast path thus accepts a strict
+subset of what validation accepts, and builds the same objects for it.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import types
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import pydantic
+
+__all__ = ["construct", "rebuild"]
+
+M = typing.TypeVar("M", bound=pydantic.BaseModel)
+_object_setattr = object.__setattr__
+# Model validators known to change nothing in data dumped by ``model_dump(mode="json")``,
+# by (module, qualified name). Any other validator sends its model to ``model_validate``.
+_NO_OP_VALIDATORS = {
+    ("google.genai._common", "BaseModel._check_field_type_mismatches"),
+    ("google.adk.events.event", "Event._accept_convenience_kwargs"),
+}
+# Field validators known to return an empty value unchanged, by (module, qualified name):
+# the fields they check take the fast path only when empty.
+_NO_OP_WHEN_EMPTY = {("google.adk.events.event_actions", "EventActions._parse_auth_configs")}
+# Keys ``Event._accept_convenience_kwargs`` would route elsewhere: data holding one of them
+# is validated normally.
+_CONVENIENCE_KEYS = frozenset({"message", "state", "route", "node_path"})
+# Classes whose custom ``__init__`` only reshapes a positional argument: keyword data of
+# field names (no None values, as ``exclude_none`` dumps them) builds the same model.
+_PLAIN_INITS = {("google.genai.types", "Part")}
+_IMMUTABLE = (type(None), str, int, float, bool, bytes, tuple, frozenset, enum.Enum)
+
+
+class _Fallback(Exception):
+    """Raised inside the fast path: this value needs pydantic's own validation."""
+
+
+Convert = Callable[[Any], Any]
+
+
+def _identity_of(kind: type) -> Convert:
+    def check(value: Any) -> Any:
+        if type(value) is not kind:
+            raise _Fallback
+        return value
+
+    return check
+
+
+def _to_float(value: Any) -> float:
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        return float(value)
+    raise _Fallback
+
+
+def _any(value: Any) -> Any:
+    return value
+
+
+def _json_object(value: Any) -> Any:
+    if type(value) is not dict:
+        raise _Fallback
+    return value
+
+
+def _optional(inner: Convert) -> Convert:
+    def convert(value: Any) -> Any:
+        return None if value is None else inner(value)
+
+    return convert
+
+
+def _list_of(inner: Convert) -> Convert:
+    def convert(value: Any) -> Any:
+        if type(value) is not list:
+            raise _Fallback
+        return [inner(item) for item in value]
+
+    return convert
+
+
+def _set_of(inner: Convert) -> Convert:
+    def convert(value: Any) -> Any:
+        if type(value) is not list:
+            raise _Fallback
+        return {inner(item) for item in value}
+
+    return convert
+
+
+def _dict_of(inner: Convert) -> Convert:
+    def convert(value: Any) -> Any:
+        if type(value) is not dict:
+            raise _Fallback
+        return {key: inner(item) for key, item in value.items()}
+
+    return convert
+
+
+def _enum_of(kind: type[enum.Enum]) -> Convert:
+    members = kind._value2member_map_
+
+    def convert(value: Any) -> Any:
+        try:
+            return members[value]
+        except (KeyError, TypeError):
+            raise _Fallback from None
+
+    return convert
+
+
+def _literal_of(values: tuple[Any, ...]) -> Convert:
+    allowed = {(type(v), v) for v in values}
+
+    def convert(value: Any) -> Any:
+        if (type(value), value) not in allowed:
+            raise _Fallback
+        return value
+
+    return convert
+
+
+def _scalars_of(kinds: frozenset[type]) -> Convert:
+    def convert(value: Any) -> Any:
+        if type(value) not in kinds:
+            raise _Fallback
+        return value
+
+    return convert
+
+
+def _unsupported(value: Any) -> Any:
+    raise _Fallback
+
+
+_SCALARS = {str: _identity_of(str), int: _identity_of(int), bool: _identity_of(bool)}
+
+
+def _converter(annotation: Any) -> Convert:
+    """Return how to turn JSON into the value validation gives for ``annotation``."""
+    if annotation is Any:
+        return _any
+    if annotation in _SCALARS:
+        return _SCALARS[annotation]
+    if annotation is float:
+        return _to_float
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is None:
+        if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+            return _Plan.of(annotation).build
+        if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+            return _enum_of(annotation)
+        return _unsupported  # bytes, datetimes and the rest: pydantic decides
+    if origin is typing.Union or origin is types.UnionType:
+        choices = [a for a in args if a is not type(None)]
+        inner: Convert
+        if len(choices) == 1:
+            inner = _converter(choices[0])
+        elif all(c in (str, int, bool) for c in choices):
+            inner = _scalars_of(frozenset(choices))
+        else:
+            inner = _unsupported  # a union of containers or models: pydantic's smart mode
+        return _optional(inner) if len(choices) < len(args) else inner
+    if origin is typing.Literal:
+        return _literal_of(args)
+    if origin is list and len(args) == 1:
+        return _list_of(_converter(args[0]))
+    if origin is set and len(args) == 1:
+        return _set_of(_converter(args[0]))
+    if origin is dict and len(args) == 2 and args[0] is str:
+        return _json_object if args[1] is Any else _dict_of(_converter(args[1]))
+    return _unsupported
+
+
+class _Plan:
+    """How to rebuild one model class: a converter per field and its defaults."""
+
+    _plans: typing.ClassVar[dict[type[pydantic.BaseModel], _Plan]] = {}
+
+    def __init__(self, cls: type[pydantic.BaseModel]) -> None:
+        self.cls = cls
+        self.fields: dict[str, Convert] = {}
+        self.defaults: dict[str, Any] = {}
+        self.factories: dict[str, Callable[[], Any]] = {}
+        self.copied: dict[str, Any] = {}
+        self.template: dict[str, Any] = {}
+        self.later: list[str] = []
+        self.fast, self.empty_only = _fast_capable(cls)
+        self.post_init = bool(cls.__pydantic_post_init__)
+        self.is_event = cls.__module__ == "google.adk.events.event" and cls.__name__ == "Event"
+
+    @classmethod
+    def of(cls, model: type[pydantic.BaseModel]) -> _Plan:
+        plan = cls._plans.get(model)
+        if plan is None:
+            plan = cls._plans[model] = _Plan(model)  # registered first: models may recurse
+            plan._fill()
+        return plan
+
+    def _fill(self) -> None:
+        config = self.cls.model_config
+        by_name = config.get("populate_by_name") or config.get("validate_by_name")
+        for name, info in self.cls.model_fields.items():
+            if info.validate_default or (info.alias not in (None, name) and not by_name):
+                self.fast = False
+            # Constraints (ge=, max_length=...) are checked by validation: values go there.
+            convert = _converter(info.annotation) if self.fast and not info.metadata else None
+            if convert is not None and name in self.empty_only:
+                convert = _empty_only(convert)
+            self.fields[name] = convert or _unsupported
+            if info.default_factory is not None:
+                if getattr(info, "default_factory_takes_data", False):
+                    self.fast = False  # no data to give it: neither path builds it
+                    continue
+                self.factories[name] = typing.cast(Callable[[], Any], info.default_factory)
+            elif isinstance(info.default, _IMMUTABLE):
+                self.defaults[name] = info.default
+            elif not info.is_required():
+                self.copied[name] = info.default
+        self.template = {name: self.defaults.get(name, _UNSET) for name in self.cls.model_fields}
+        self.later = [name for name, value in self.template.items() if value is _UNSET]
+
+    def build(self, data: Any) -> Any:
+        """Return the model for ``data`` as validation would build it."""
+        if type(data) is not dict:
+            raise _Fallback
+        if not self.fast or (self.is_event and not _CONVENIENCE_KEYS.isdisjoint(data)):
+            return self.cls.model_validate(data)
+        try:
+            values = self._values(data)
+        except _Fallback:
+            return self.cls.model_validate(data)
+        model = self.cls.__new__(self.cls)
+        _object_setattr(model, "__dict__", values)
+        _object_setattr(model, "__pydantic_fields_set__", set(data))
+        _object_setattr(model, "__pydantic_extra__", None)
+        _object_setattr(model, "__pydantic_private__", None)
+        if self.post_init:
+            model.model_post_init(None)
+        return model
+
+    def _values(self, data: dict[str, Any]) -> dict[str, Any]:
+        fields = self.fields
+        values = self.template.copy()  # every field in declaration order, as validation has
+        for key, value in data.items():
+            convert = fields.get(key)
+            if convert is None:
+                raise _Fallback  # an unknown key (or an alias): pydantic ignores, maps or refuses
+            values[key] = convert(value)
+        self.fill(values)
+        return values
+
+    def fill(self, values: dict[str, Any]) -> None:
+        """Put the defaults of the fields ``values`` lacks (factories called, copies made)."""
+        for name in self.later:
+            if values[name] is _UNSET:
+                if name in self.factories:
+                    values[name] = self.factories[name]()
+                elif name in self.copied:
+                    values[name] = copy.deepcopy(self.copied[name])
+                else:
+                    raise _Fallback  # a required field is missing: pydantic says so
+
+
+_UNSET = object()
+
+
+def _empty_only(convert: Convert) -> Convert:
+    def check(value: Any) -> Any:
+        if value:
+            raise _Fallback
+        return convert(value)
+
+    return check
+
+
+def _fast_capable(cls: type[pydantic.BaseModel]) -> tuple[bool, frozenset[str]]:
+    """Whether ``cls`` has only no-op validators and a plain ``__init__``; and the fields
+    that must be empty for their validator to be a no-op."""
+    config = cls.model_config
+    if config.get("extra") == "allow" or config.get("strict"):
+        return False, frozenset()
+    if getattr(cls, "__pydantic_root_model__", False):
+        return False, frozenset()
+    decorators = cls.__pydantic_decorators__
+    empty_only: set[str] = set()
+    for kind, group in (
+        ("model", decorators.model_validators),
+        ("field", decorators.field_validators),
+        ("root", decorators.root_validators),
+        ("v1", decorators.validators),
+    ):
+        for decorator in group.values():
+            func = getattr(decorator.func, "__func__", decorator.func)
+            key = (getattr(func, "__module__", ""), getattr(func, "__qualname__", ""))
+            if key in _NO_OP_VALIDATORS:
+                continue
+            if kind == "field" and key in _NO_OP_WHEN_EMPTY:
+                empty_only.update(typing.cast(Any, decorator.info).fields)
+                continue
+            return False, frozenset()
+    custom_init = cls.__pydantic_custom_init__
+    if custom_init and (cls.__module__, cls.__qualname__) not in _PLAIN_INITS:
+        return False, frozenset()
+    return True, frozenset(empty_only)
+
+
+def rebuild(model: type[M], data: Any) -> M:
+    """Return ``model.model_validate(data)`` for JSON that a dump of ``model`` produced.
+
+    Raises:
+        pydantic.ValidationError: as ``model_validate`` does, for data it refuses.
+    """
+    try:
+        return typing.cast(M, _Plan.of(model).build(data))
+    except _Fallback:
+        return model.model_validate(data)
+
+
+def construct(model: type[M], values: dict[str, Any], **private: Any) -> M:
+    """Build ``model`` from ``values`` that already have their fields' types, with the
+    given private attributes: what ``model(**values)`` returns, without validating.
+
+    For values the caller built itself (``str`` ids, a ``dict`` state, a list of events);
+    like pydantic's ``model_construct``, about three times faster.
+    """
+    plan = _Plan.of(model)
+    data = plan.template.copy()
+    data.update(values)
+    try:
+        plan.fill(data)
+    except _Fallback:
+        raise TypeError(f"{model.__name__} needs every required field") from None
+    instance = model.__new__(model)
+    _object_setattr(instance, "__dict__", data)
+    _object_setattr(instance, "__pydantic_fields_set__", set(values))
+    _object_setattr(instance, "__pydantic_extra__", None)
+    attributes = {name: attr.get_default() for name, attr in model.__private_attributes__.items()}
+    attributes.update(private)
+    _object_setattr(instance, "__pydantic_private__", attributes or None)
+    if plan.post_init:
+        instance.model_post_init(None)  # private attributes set above are kept
+    return instance

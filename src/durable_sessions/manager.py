@@ -224,3 +224,26 @@ class Manager:
     async def delete_user(self, org_id: str, user_id: str) -> int:
         """Erase a user's sessions, transcripts and ``user:`` state; return the sessions."""
         return await self.store.delete_user(org_id, user_id)
+
+    async def truncate_events(self, session: Session, after_seq: int) -> builtins.list[Event]:
+        """Remove the session's events after ``after_seq``; return them, oldest first.
+
+        A rewind: the next event appended gets ``after_seq + 1``. The session object is
+        updated in place: counters go down by what the removed events added, and its version
+        moves on by one. State the removed events set stays (append a reversing event to
+        undo it). ``after_seq=0`` clears the transcript.
+
+        Raises:
+            StaleSessionError: the session was deleted and its id created again since this
+                copy was read; nothing is removed.
+            SessionNotFoundError: the session no longer exists.
+            InvalidArgumentError: ``after_seq`` is not an integer from 0 to 2**63 - 1.
+        """
+        removed = await self.store.truncate_events(
+            session.org_id, session.id, after_seq=after_seq, incarnation=session.incarnation
+        )
+        session.message_count = max(0, session.message_count - len(removed))
+        session.token_total = max(0, session.token_total - sum(e.tokens for e in removed))
+        session.updated_at = utcnow()
+        session.version += 1
+        return removed

@@ -350,3 +350,65 @@ class InMemoryStore:
         app = self._app.get((org_id, app_name), {})
         shared: dict[str, Any] = copy_json(merge_state({}, user.items(), app.items()))
         return shared
+
+    async def append_events(
+        self,
+        org_id: str,
+        session_id: str,
+        events: builtins.list[Event],
+        *,
+        expected_version: int | None = None,
+        incarnation: str | None = None,
+    ) -> builtins.list[Event]:
+        """Append a batch of events, all or nothing, with consecutive seqs (see ``Store``)."""
+        check_session(org_id, session_id)
+        check_expected(expected_version)
+        prepared = [prepare_event(event, self.max_value_bytes) for event in events]
+        record = self._live(org_id, session_id, incarnation, expected_version or 0)
+        if expected_version is not None and record.meta.version != expected_version:
+            raise StaleSessionError(org_id, session_id, expected_version)
+        if not prepared:
+            return []
+        meta = record.meta
+        tokens = sum(stored.tokens for stored, _ in prepared)
+        counters = (meta.message_count, meta.token_total, meta.version)
+        check_counters(org_id, session_id, counters, len(prepared), tokens)
+        seq = record.events[-1].seq if record.events else 0
+        for stored, delta in prepared:
+            seq += 1
+            stored.seq = seq
+            record.events.append(stored)
+            record.private.update(delta.private_set)
+            self._apply_shared(meta, delta)
+        meta.message_count += len(prepared)
+        meta.token_total += tokens
+        meta.updated_at = utcnow()
+        meta.version += 1
+        return [self._copy_event(stored) for stored, _ in prepared]
+
+    async def truncate_events(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        after_seq: int,
+        expected_version: int | None = None,
+        incarnation: str | None = None,
+    ) -> builtins.list[Event]:
+        """Remove the events after ``after_seq`` and return them, oldest first (see ``Store``)."""
+        check_session(org_id, session_id)
+        check_after_seq(after_seq)
+        check_expected(expected_version)
+        record = self._live(org_id, session_id, incarnation, expected_version or 0)
+        if expected_version is not None and record.meta.version != expected_version:
+            raise StaleSessionError(org_id, session_id, expected_version)
+        meta = record.meta
+        check_counters(org_id, session_id, (0, 0, meta.version), 0, 0)
+        kept = [e for e in record.events if e.seq <= after_seq]
+        removed = record.events[len(kept) :]
+        record.events = kept
+        meta.message_count = max(0, meta.message_count - len(removed))
+        meta.token_total = max(0, meta.token_total - sum(e.tokens for e in removed))
+        meta.updated_at = utcnow()
+        meta.version += 1
+        return [self._copy_event(e) for e in removed]

@@ -6,9 +6,26 @@ import builtins
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from .errors import InvalidArgumentError
 from .model import Event, Filter, Session
 
-__all__ = ["Store"]
+__all__ = ["Store", "check_after_seq"]
+
+_MAX_SEQ = 2**63 - 1
+
+
+def check_after_seq(after_seq: int) -> int:
+    """Check the ``after_seq`` of a transcript truncation: an integer from 0 to 2**63 - 1.
+
+    Every store calls this, so the same bad value gets the same error everywhere.
+    """
+    if (
+        isinstance(after_seq, bool)
+        or not isinstance(after_seq, int)
+        or not 0 <= after_seq <= _MAX_SEQ
+    ):
+        raise InvalidArgumentError(f"after_seq must be an integer from 0 to {_MAX_SEQ}")
+    return after_seq
 
 
 @runtime_checkable
@@ -199,5 +216,59 @@ class Store(Protocol):
 
         Raises:
             InvalidArgumentError: an id is empty (``app_name`` may be) or malformed.
+        """
+        ...
+
+    async def append_events(
+        self,
+        org_id: str,
+        session_id: str,
+        events: builtins.list[Event],
+        *,
+        expected_version: int | None = None,
+        incarnation: str | None = None,
+    ) -> builtins.list[Event]:
+        """Append a batch of events, all or nothing, and apply their state deltas in order.
+
+        The events get consecutive ``seq`` values, in the order given, with no other
+        writer's event between them; counters grow as ``append_event`` would grow them for
+        each, and the version moves on by one (one write). ``expected_version`` and
+        ``incarnation`` guard the whole batch as they guard ``append_event``. An empty batch
+        writes nothing and returns ``[]`` once the session (and its version) is checked.
+
+        Returns:
+            The stored copies of the events, in order, with ``seq`` set.
+
+        Raises:
+            SessionNotFoundError: no such session in that organisation.
+            StaleSessionError: ``expected_version`` or ``incarnation`` does not match;
+                nothing is written.
+            InvalidStateError: an event cannot be stored; nothing is written.
+        """
+        ...
+
+    async def truncate_events(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        after_seq: int,
+        expected_version: int | None = None,
+        incarnation: str | None = None,
+    ) -> builtins.list[Event]:
+        """Remove the events with ``seq > after_seq``, atomically; return them oldest first.
+
+        The next append gets ``after_seq + 1`` (or the old next seq, when ``after_seq`` is
+        past the end): seqs stay gapless. ``message_count`` goes down by one and
+        ``token_total`` by ``tokens`` for each removed event (never below 0); state deltas
+        the removed events applied stay applied. The version and ``updated_at`` move on, as
+        for any write. ``after_seq=0`` clears the transcript and keeps the session.
+        ``expected_version`` and ``incarnation`` guard the write as in ``append_event``.
+
+        Raises:
+            SessionNotFoundError: no such session in that organisation.
+            StaleSessionError: ``expected_version`` or ``incarnation`` does not match;
+                nothing is removed.
+            InvalidArgumentError: ``after_seq`` is not an integer from 0 to 2**63 - 1.
         """
         ...

@@ -423,3 +423,172 @@ class Statements:
             self._user_agg(child.c.org_id, child.c.app_name, child.c.user_id),
             self._app_agg(child.c.org_id, child.c.app_name),
         ).add_cte(copied.cte("copied"))
+
+    # -- batch appends and truncation (built on first use: see ``shape``) ---------------------
+
+    def append_many(self, *, merge: bool) -> Any:
+        """Move a session on by a batch of ``v_count`` events carrying ``v_tokens`` tokens.
+
+        Returns the last seq of the batch (the batch's seqs end there), and the owner. No
+        row: no session, a stale ``v_expected``, another incarnation, or no room left.
+        """
+        count = bindparam("v_count", type_=BigInteger)
+        tokens = bindparam("v_tokens", type_=BigInteger)
+        values: dict[str, Any] = {
+            "event_seq": S.c.event_seq + count,
+            "message_count": S.c.message_count + count,
+            "token_total": S.c.token_total + tokens,
+            "updated_at": NOW,
+            "version": S.c.version + 1,
+        }
+        if merge:
+            merge_private = self.ops.merge_private
+            values["state"] = (
+                merge_private()
+                if merge_private is not None
+                else bindparam("v_private_state", type_=JSONValue)
+            )
+        expected = bindparam("v_expected", type_=BigInteger)
+        top = literal(2**63 - 1, BigInteger)
+        room = and_(  # compared without computing the sum, which could overflow
+            S.c.event_seq <= top - count,
+            S.c.message_count <= top - count,
+            S.c.token_total <= top - tokens,
+            S.c.version < top,
+        )
+        return (
+            update(S)
+            .where(SESSION_KEY, or_(expected.is_(None), S.c.version == expected), SAME_LIFE, room)
+            .values(values)
+            .returning(S.c.event_seq, S.c.app_name, S.c.user_id)
+        )
+
+    def pg_append_many(self) -> Any:
+        """Postgres: a whole batch append as one statement.
+
+        ``v_batch`` is a JSON array of events (``id``, ``author``, ``invocation_id``,
+        ``content``, ``state_delta``, ``tokens``, ``timestamp`` as ISO text), stored in
+        order with consecutive seqs ending at the session's new ``event_seq``.
+        """
+        moved = self.append_many(merge=True).cte("moved")
+        batch = (
+            func.jsonb_array_elements(bindparam("v_batch", type_=JSONValue))
+            .table_valued(column("value", JSONB), with_ordinality="n")
+            .render_derived()
+        )
+        item = batch.c.value
+
+        def text(name: str) -> Any:
+            return item.op("->>", return_type=Text)(literal(name, Text))
+
+        def json(name: str) -> Any:
+            return item.op("->", return_type=JSONValue)(literal(name, Text))
+
+        rows = (
+            select(
+                bindparam("k_org"),
+                bindparam("k_id"),
+                moved.c.event_seq - bindparam("v_count", type_=BigInteger) + batch.c.n,
+                text("id"),
+                text("author"),
+                text("invocation_id"),
+                json("content"),
+                json("state_delta"),
+                cast(text("tokens"), BigInteger),
+                cast(text("timestamp"), UTCDateTime),
+            )
+            .select_from(moved)
+            .join(batch, true())
+        )
+        added = insert(events).from_select(
+            ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], rows
+        )
+        writes = self._shared_writes(moved, deletes=False)
+        return select(moved.c.event_seq).add_cte(added.cte("added"), *writes)
+
+    @staticmethod
+    def _truncate_guard() -> Any:
+        expected = bindparam("v_expected", type_=BigInteger)
+        top = literal(2**63 - 1, BigInteger)
+        return and_(
+            SESSION_KEY, or_(expected.is_(None), S.c.version == expected), SAME_LIFE,
+            S.c.version < top,
+        )  # fmt: skip
+
+    def truncate_removed(self) -> Any:
+        """SQLite: delete a session's events after ``k_after_seq``, returning them."""
+        after = bindparam("k_after_seq", type_=BigInteger)
+        return delete(events).where(EVENTS_KEY, events.c.seq > after).returning(*EVENT_COLUMNS)
+
+    def truncate_session(self) -> Any:
+        """SQLite: take ``v_count`` events and ``v_tokens`` tokens off a session's counters
+        and its seq back to ``k_after_seq`` (never forward). No row: the guard failed."""
+        after = bindparam("k_after_seq", type_=BigInteger)
+        count = bindparam("v_count", type_=BigInteger)
+        tokens = bindparam("v_tokens", type_=BigInteger)
+        zero = literal(0, BigInteger)
+        return (
+            update(S)
+            .where(self._truncate_guard())
+            .values(
+                event_seq=case((S.c.event_seq > after, after), else_=S.c.event_seq),
+                message_count=case(
+                    (S.c.message_count > count, S.c.message_count - count), else_=zero
+                ),
+                token_total=case((S.c.token_total > tokens, S.c.token_total - tokens), else_=zero),
+                updated_at=NOW,
+                version=S.c.version + 1,
+            )
+            .returning(S.c.version)
+        )
+
+    def pg_lock_session(self) -> Any:
+        """Postgres: lock a session row for the rest of the transaction."""
+        return select(S.c.version).where(SESSION_KEY).with_for_update()
+
+    def pg_truncate(self) -> Any:
+        """Postgres: a truncation as one statement; the removed events come back as one
+        jsonb array (as ``pg_get_with_events`` returns them), oldest first.
+
+        The statement reads the transcript in its snapshot, and updates the session row
+        only if the row's version is still the one that snapshot saw (a concurrent writer
+        that committed meanwhile moved it on): then the snapshot's events are the current
+        ones, and the row lock held from then on keeps them so. No row back: no session,
+        a failed guard, or such a race; run it again after ``pg_lock_session`` in one
+        transaction, where it cannot lose the race.
+        """
+        after = bindparam("k_after_seq", type_=BigInteger)
+        seen = select(S.c.version).where(SESSION_KEY).cte("seen").prefix_with("MATERIALIZED")
+        doomed = and_(EVENTS_KEY, events.c.seq > after)
+        count = select(func.count()).where(doomed).scalar_subquery()
+        tokens = select(func.coalesce(func.sum(events.c.tokens), 0)).where(doomed)
+        zero = literal(0, BigInteger)
+        cut = (
+            update(S)
+            .where(self._truncate_guard(), S.c.version == seen.c.version)
+            .values(
+                event_seq=case((S.c.event_seq > after, after), else_=S.c.event_seq),
+                message_count=func.greatest(S.c.message_count - count, zero),
+                token_total=func.greatest(S.c.token_total - tokens.scalar_subquery(), zero),
+                updated_at=NOW,
+                version=S.c.version + 1,
+            )
+            .returning(S.c.version)
+            .cte("cut")
+        )
+        removed = (
+            delete(events)
+            .where(doomed, select(cut.c.version).exists())
+            .returning(*EVENT_COLUMNS)
+            .cte("removed")
+        )
+        micros = cast(extract("epoch", removed.c.timestamp) * 1_000_000, BigInteger)
+        item = func.jsonb_build_array(
+            *[removed.c[col.name] for col in EVENT_COLUMNS if col.name != "timestamp"], micros
+        )
+        transcript = (
+            select(func.jsonb_agg(aggregate_order_by(item, removed.c.seq)))
+            .scalar_subquery()
+            .label("events")
+        )
+        return select(cut.c.version, transcript)

@@ -819,3 +819,161 @@ class SQLStore:
         program = self._rows(self._q.shared, params, lambda row: row)
         (row,) = await self._runner.run(program, "read", "get_shared_state")
         return merge_state({}, *_shared(row.user_state, row.app_state))
+
+    # -- batches and truncation ------------------------------------------------------------------
+
+    async def append_events(
+        self,
+        org_id: str,
+        session_id: str,
+        events: builtins.list[Event],
+        *,
+        expected_version: int | None = None,
+        incarnation: str | None = None,
+    ) -> builtins.list[Event]:
+        """Append a batch of events, all or nothing, with consecutive seqs (see ``Store``).
+
+        One statement on Postgres; one write transaction on SQLite.
+        """
+        check_session(org_id, session_id)
+        check_expected(expected_version)
+        prepared = [prepare_event(event, self.max_value_bytes) for event in events]
+        params: dict[str, Any] = {
+            "k_org": org_id, "k_id": session_id, "v_now": utcnow(),
+            "v_expected": expected_version, "v_incarnation": incarnation,
+        }  # fmt: skip
+        if not prepared:
+            await self._runner.run(self._check_guard(params), "read", "append_events")
+            return []
+        stored = [event for event, _ in prepared]
+        delta = ScopedDelta()
+        for _, each in prepared:  # later events' keys win, as if appended one by one
+            delta.private_set.update(each.private_set)
+            delta.user_set.update(each.user_set)
+            delta.app_set.update(each.app_set)
+        params.update(
+            v_count=len(stored), v_messages=len(stored), v_tokens=sum(e.tokens for e in stored)
+        )
+        if self._pg:
+            program = self._append_many_pg(params, stored, delta)
+        else:
+            program = self._append_many_sqlite(params, stored, delta)
+        last = await self._runner.run(program, "atomic" if self._pg else "write", "append_events")
+        for offset, event in enumerate(stored, start=last - len(stored) + 1):
+            event.seq = offset
+        return stored
+
+    def _append_many_pg(
+        self, params: dict[str, Any], stored: builtins.list[Event], delta: ScopedDelta
+    ) -> Program[int]:
+        params.update(self._shared_params(delta))
+        params["v_private_delta"] = delta.private_set
+        params["v_batch"] = [
+            {"id": e.id, "author": e.author, "invocation_id": e.invocation_id,
+             "content": e.content, "state_delta": e.state_delta, "tokens": e.tokens,
+             "timestamp": e.timestamp.isoformat()}
+            for e in stored
+        ]  # fmt: skip
+        stmt = self._q.shape("pg_append_many", self._q.pg_append_many)
+        row = (yield Query(stmt, params)).first()
+        if row is None:
+            yield from self._stale(params)
+        return int(row.event_seq)
+
+    def _append_many_sqlite(
+        self, params: dict[str, Any], stored: builtins.list[Event], delta: ScopedDelta
+    ) -> Program[int]:
+        org_id, session_id = params["k_org"], params["k_id"]
+        q = self._q
+        merge = bool(delta.private_set)
+        if merge:
+            current = (yield Query(q.private_state, params)).first()
+            if current is None:
+                raise SessionNotFoundError(org_id, session_id)
+            params["v_private_state"] = {**current.state, **delta.private_set}
+        stmt = q.shape(("append_many", merge), lambda: q.append_many(merge=merge))
+        row = (yield Query(stmt, params)).first()
+        if row is None:
+            yield from self._stale(params)
+        first = int(row.event_seq) - len(stored) + 1
+        rows = [
+            {"org_id": org_id, "session_id": session_id, "seq": seq, "id": e.id,
+             "author": e.author, "invocation_id": e.invocation_id, "content": e.content,
+             "state_delta": e.state_delta, "tokens": e.tokens, "timestamp": e.timestamp}
+            for seq, e in enumerate(stored, start=first)
+        ]  # fmt: skip
+        yield Query(q.insert_event, rows, many=True)
+        yield from self._write_shared(org_id, row.app_name, row.user_id, delta, params["v_now"])
+        return int(row.event_seq)
+
+    def _check_guard(self, params: dict[str, Any]) -> Program[None]:
+        """Raise what a guarded write of this session would raise now, if anything."""
+        org_id, session_id = params["k_org"], params["k_id"]
+        found = (yield Query(self._q.meta, {"k_org": org_id, "k_id": session_id})).first()
+        if found is None:
+            raise SessionNotFoundError(org_id, session_id)
+        expected = params["v_expected"]
+        if params["v_incarnation"] not in (None, found.incarnation):
+            raise StaleSessionError(org_id, session_id, expected or 0, RECREATED)
+        if expected is not None and expected != found.version:
+            raise StaleSessionError(org_id, session_id, expected)
+        check_counters(org_id, session_id, (0, 0, found.version), 0, 0)
+
+    async def truncate_events(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        after_seq: int,
+        expected_version: int | None = None,
+        incarnation: str | None = None,
+    ) -> builtins.list[Event]:
+        """Remove the events after ``after_seq``; return them, oldest first (see ``Store``).
+
+        One statement on Postgres (a second, locked attempt only if a concurrent write
+        landed while it ran); one write transaction on SQLite.
+        """
+        check_session(org_id, session_id)
+        check_after_seq(after_seq)
+        check_expected(expected_version)
+        params: dict[str, Any] = {
+            "k_org": org_id, "k_id": session_id, "k_after_seq": after_seq, "v_now": utcnow(),
+            "v_expected": expected_version, "v_incarnation": incarnation,
+        }  # fmt: skip
+        if not self._pg:
+            program = self._truncate_sqlite(params)
+            return await self._runner.run(program, "write", "truncate_events")
+        removed = await self._runner.run(
+            self._truncate_pg(params, locked=False), "atomic", "truncate_events"
+        )
+        if removed is None:  # a write landed between the statement's read and its lock
+            removed = await self._runner.run(
+                self._truncate_pg(params, locked=True), "write", "truncate_events"
+            )
+        assert removed is not None
+        return removed
+
+    def _truncate_pg(
+        self, params: dict[str, Any], *, locked: bool
+    ) -> Program[builtins.list[Event] | None]:
+        q = self._q
+        if locked:
+            yield Query(q.shape("pg_lock_session", q.pg_lock_session), params)
+        row = (yield Query(q.shape("pg_truncate", q.pg_truncate), params)).first()
+        if row is None:
+            yield from self._check_guard(params)
+            if not locked:
+                return None
+            raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
+        return [_event_from_array(item) for item in row.events or ()]
+
+    def _truncate_sqlite(self, params: dict[str, Any]) -> Program[builtins.list[Event]]:
+        q = self._q
+        rows = (yield Query(q.shape("truncate_removed", q.truncate_removed), params)).rows
+        removed = sorted((_event(row) for row in rows), key=lambda e: e.seq)
+        params.update(v_count=len(removed), v_tokens=sum(e.tokens for e in removed))
+        done = yield Query(q.shape("truncate_session", q.truncate_session), params)
+        if done.first() is None:  # rolled back: the events stay
+            yield from self._check_guard(params)
+            raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
+        return removed

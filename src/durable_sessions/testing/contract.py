@@ -1029,3 +1029,215 @@ class StoreContract:
         for session in listed:
             assert session.state == (await store.get(ORG, session.id)).state
         assert all(s.state == {} for s in await store.list(Filter(ORG, user_id=USER)))
+
+    # -- transcript edits: truncate_events --------------------------------------------------------
+
+    async def test_truncate_events_removes_the_tail_and_returns_it_oldest_first(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        appended = [
+            await store.append_event(
+                ORG, session.id, Event("user", content={"n": n}, state_delta={"k": n}, tokens=n)
+            )
+            for n in range(1, 6)
+        ]
+        before = await store.get(ORG, session.id)
+
+        removed = await store.truncate_events(ORG, session.id, after_seq=2)
+
+        assert removed == appended[2:]
+        assert await seqs(store, ORG, session.id) == [1, 2]
+        after = await store.get(ORG, session.id)
+        assert (after.message_count, after.token_total) == (2, 1 + 2)
+        assert after.version == before.version + 1
+        assert after.updated_at >= before.updated_at
+        assert after.state == {"k": 5}  # applied deltas stay applied
+        nxt = await store.append_event(ORG, session.id, Event("user", content="again", tokens=4))
+        assert nxt.seq == 3
+        assert await seqs(store, ORG, session.id) == [1, 2, 3]
+        assert (await store.get(ORG, session.id)).token_total == 7
+
+    async def test_truncate_events_after_zero_clears_the_transcript_and_keeps_the_session(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER, state={"p": 1}, title="Kept")
+        for n in range(3):
+            await store.append_event(ORG, session.id, Event("user", content=n, tokens=2))
+        removed = await store.truncate_events(ORG, session.id, after_seq=0)
+        assert [e.seq for e in removed] == [1, 2, 3]
+        assert await store.list_events(ORG, session.id) == []
+        kept = await store.get(ORG, session.id)
+        assert (kept.title, kept.state, kept.message_count, kept.token_total) == (
+            "Kept",
+            {"p": 1},
+            0,
+            0,
+        )
+        assert (await store.append_event(ORG, session.id, Event("user"))).seq == 1
+        assert await store.truncate_events(ORG, session.id, after_seq=0) != []
+        assert await store.truncate_events(ORG, session.id, after_seq=0) == []
+
+    async def test_truncate_events_past_the_end_removes_nothing_and_keeps_seqs_gapless(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        for n in range(3):
+            await store.append_event(ORG, session.id, Event("user", content=n, tokens=1))
+        version = (await store.get(ORG, session.id)).version
+        assert await store.truncate_events(ORG, session.id, after_seq=3) == []
+        assert await store.truncate_events(ORG, session.id, after_seq=2**63 - 1) == []
+        after = await store.get(ORG, session.id)
+        assert (after.message_count, after.token_total, after.version) == (3, 3, version + 2)
+        assert (await store.append_event(ORG, session.id, Event("user"))).seq == 4
+
+    @pytest.mark.parametrize("bad", [-1, 2**63, 1.0, True, "1", None])
+    async def test_truncate_events_refuses_a_bad_after_seq_alike(
+        self, manager: Manager, store: Store, bad: Any
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        await store.append_event(ORG, session.id, Event("user"))
+        with pytest.raises(InvalidArgumentError) as refused:
+            await store.truncate_events(ORG, session.id, after_seq=bad)
+        assert str(refused.value) == "after_seq must be an integer from 0 to 9223372036854775807"
+        assert await seqs(store, ORG, session.id) == [1]
+
+    async def test_truncate_events_of_a_missing_session_or_another_org_raises(
+        self, manager: Manager, store: Store
+    ) -> None:
+        a, b = await _twins(manager)
+        for session in (a, b):
+            await store.append_event(session.org_id, session.id, Event("user", content="x"))
+        with pytest.raises(SessionNotFoundError):
+            await store.truncate_events(ORG, "missing", after_seq=0)
+        with pytest.raises(SessionNotFoundError):
+            await store.truncate_events("org-c", a.id, after_seq=0)
+        assert len(await store.truncate_events(OTHER_ORG, b.id, after_seq=0)) == 1
+        assert await seqs(store, ORG, a.id) == [1]  # the same id in ORG is untouched
+        assert (await store.get(ORG, a.id)).message_count == 1
+        with pytest.raises(InvalidArgumentError):
+            await store.truncate_events("", a.id, after_seq=0)
+
+    async def test_truncate_events_can_require_the_version_the_caller_holds(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        for n in range(2):
+            await store.append_event(ORG, session.id, Event("user", content=n))
+        held = await store.get(ORG, session.id)
+        await store.append_event(ORG, session.id, Event("user", content="meanwhile"))
+        with pytest.raises(StaleSessionError):
+            await store.truncate_events(ORG, session.id, after_seq=1, expected_version=held.version)
+        assert await seqs(store, ORG, session.id) == [1, 2, 3]
+        current = (await store.get(ORG, session.id)).version
+        removed = await store.truncate_events(
+            ORG, session.id, after_seq=2, expected_version=current
+        )
+        assert [e.content for e in removed] == ["meanwhile"]
+
+    async def test_manager_truncate_events_keeps_the_held_session_current(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        for n in range(4):
+            await manager.append_event(session, Event("user", content=n, tokens=10))
+        removed = await manager.truncate_events(session, 1)
+        assert [e.content for e in removed] == [1, 2, 3]
+        stored = await store.get(ORG, session.id)
+        assert (
+            (session.message_count, session.token_total, session.version)
+            == (
+                stored.message_count,
+                stored.token_total,
+                stored.version,
+            )
+            == (1, 10, stored.version)
+        )
+        session.set("after", True)
+        await manager.save(session)  # the held copy is current: the save is not stale
+
+    # -- batch appends: append_events -------------------------------------------------------------
+
+    async def test_append_events_stores_a_batch_in_order_with_consecutive_seqs(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        await store.append_event(ORG, session.id, Event("user", content="first"))
+        version = (await store.get(ORG, session.id)).version
+        batch = [
+            Event("user", content={"n": 1, "f": 1.0}, state_delta={"k": 1, "user:u": 1}, tokens=3),
+            Event("assistant", content=[None, "two"], invocation_id="inv", tokens=4),
+            Event("tool", content=None, state_delta={"k": 3, "app:a": 3, "temp:t": 3}),
+        ]
+        stored = await store.append_events(ORG, session.id, batch)
+        assert [e.seq for e in stored] == [2, 3, 4]
+        assert [e.id for e in stored] == [e.id for e in batch]
+        assert stored[2].state_delta == {"k": 3, "app:a": 3}
+        listed = await store.list_events(ORG, session.id)
+        assert listed[1:] == stored
+        assert type(listed[1].content["f"]) is float
+        after = await store.get(ORG, session.id)
+        assert (after.message_count, after.token_total, after.version) == (4, 7, version + 1)
+        assert after.state == {"k": 3, "user:u": 1, "app:a": 3}
+        assert (await store.append_event(ORG, session.id, Event("user"))).seq == 5
+
+    async def test_append_events_is_all_or_nothing(self, manager: Manager, store: Store) -> None:
+        session = await manager.create(ORG, USER)
+        batch = [Event("user", content="fine"), Event("user", content={"bad": float("nan")})]
+        with pytest.raises(InvalidStateError):
+            await store.append_events(ORG, session.id, batch)
+        assert await store.list_events(ORG, session.id) == []
+        with pytest.raises(SessionNotFoundError):
+            await store.append_events(ORG, "missing", [Event("user")])
+        with pytest.raises(SessionNotFoundError):
+            await store.append_events(OTHER_ORG, session.id, [Event("user")])
+        held = (await store.get(ORG, session.id)).version
+        await store.append_event(ORG, session.id, Event("user"))
+        with pytest.raises(StaleSessionError):
+            await store.append_events(
+                ORG, session.id, [Event("user"), Event("user")], expected_version=held
+            )
+        assert await seqs(store, ORG, session.id) == [1]
+        unchanged = await store.get(ORG, session.id)
+        assert (unchanged.message_count, unchanged.version) == (1, held + 1)
+        assert await store.append_events(ORG, session.id, []) == []
+        with pytest.raises(StaleSessionError):
+            await store.append_events(ORG, session.id, [], expected_version=held)
+        with pytest.raises(SessionNotFoundError):
+            await store.append_events(ORG, "missing", [])
+        assert (await store.get(ORG, session.id)).version == held + 1
+
+    async def test_concurrent_batches_never_interleave(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        batches = [[Event("user", content=[b, i], tokens=1) for i in range(5)] for b in range(8)]
+        await asyncio.gather(*(store.append_events(ORG, session.id, b) for b in batches))
+        events = await store.list_events(ORG, session.id)
+        assert [e.seq for e in events] == list(range(1, 41))
+        for start in range(0, 40, 5):
+            run = [e.content for e in events[start : start + 5]]
+            assert run == [[run[0][0], i] for i in range(5)]  # one batch, in its order
+        stored = await store.get(ORG, session.id)
+        assert (stored.message_count, stored.token_total) == (40, 40)
+
+    async def test_concurrent_appends_and_truncates_keep_seqs_and_counters_exact(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+
+        async def appender(task: int) -> None:
+            for i in range(6):
+                await store.append_event(
+                    ORG, session.id, Event("user", content=[task, i], tokens=3)
+                )
+
+        async def truncater() -> None:
+            for keep in (4, 2, 6, 1):
+                await store.truncate_events(ORG, session.id, after_seq=keep)
+
+        await asyncio.gather(*(appender(t) for t in range(3)), truncater())
+        events = await store.list_events(ORG, session.id)
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        stored = await store.get(ORG, session.id)
+        assert (stored.message_count, stored.token_total) == (len(events), 3 * len(events))

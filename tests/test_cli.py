@@ -20,8 +20,8 @@ from sqlalchemy import make_url, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from durable_sessions import Event, Filter, Manager, SessionNotFoundError, SQLStore
-from durable_sessions.sql import transfer
 from durable_sessions.cli import main
+from durable_sessions.sql import transfer
 from durable_sessions.sql.schema import sessions
 from durable_sessions.sql.transfer import dumps
 from sqlhelpers import raw_pg

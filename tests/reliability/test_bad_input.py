@@ -33,8 +33,8 @@ from durable_sessions import (
     Store,
     new_id,
 )
-from durable_sessions.state import DEFAULT_MAX_VALUE_BYTES
 from durable_sessions.sql.transfer import dumps, import_jsonl
+from durable_sessions.state import DEFAULT_MAX_VALUE_BYTES
 from reliability.figures import Figures
 from reliability.helpers import canonical, count_present, observe_org
 from sqlhelpers import snapshot

@@ -200,11 +200,29 @@ class Store(Protocol):
         ...
 
     async def purge(self, org_id: str, *, older_than: timedelta, dry_run: bool = False) -> int:
-        """Delete the sessions not updated within ``older_than``; return how many (would) go."""
+        """Delete the sessions not updated within ``older_than``; return how many (would) go.
+
+        A session a concurrent writer holds is waited for, never skipped; one written
+        meanwhile is new again and stays.
+
+        Raises:
+            InvalidArgumentError: ``older_than`` is negative or reaches back before the year 1.
+            DeletionIncompleteError: writers held sessions past the store's lock timeout;
+                what was deleted stays deleted, and the same call again finishes the purge.
+        """
         ...
 
     async def delete_user(self, org_id: str, user_id: str) -> int:
-        """Erase a user's sessions, events and ``user:`` state; return the sessions deleted."""
+        """Erase a user's sessions, events and ``user:`` state; return the sessions deleted.
+
+        Everything of the user that exists when it starts is erased: sessions concurrent
+        writers hold are waited for, never skipped, and sessions created meanwhile go too,
+        until a pass finds none (only one created after that last pass remains).
+
+        Raises:
+            DeletionIncompleteError: writers held, or kept creating, sessions of the user past
+                the store's lock timeout; the same call again finishes the erasure.
+        """
         ...
 
     async def get_shared_state(self, org_id: str, app_name: str, user_id: str) -> dict[str, Any]:

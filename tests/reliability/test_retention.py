@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from durable_sessions import (
     DeletionIncompleteError,
     Event,
+    InvalidArgumentError,
     Manager,
     SessionNotFoundError,
     SQLStore,
@@ -424,3 +425,11 @@ async def test_purge_waits_for_concurrent_writers_and_leaves_nothing_old(
     assert left == Counts(0, 0, 0)
     assert purged >= len(untouched)
     assert (await count_rows(url, fresh, None)).sessions == len(fresh)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), True, "30"])
+async def test_lock_timeout_must_be_a_positive_number_of_seconds(
+    engine: AsyncEngine, backend: str, bad: object
+) -> None:
+    with pytest.raises(InvalidArgumentError, match="lock_timeout must be a positive number"):
+        SQLStore(engine, lock_timeout=bad)  # type: ignore[arg-type]

@@ -62,7 +62,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """Run mypy --strict on the package."""
-    session.install("-e", ".[sqlite,postgres,cli,adk,testing]", "mypy")
+    session.install("-e", ".[sqlite,postgres,cli,adk,testing,openai-agents]", "mypy")
     session.run("mypy", "--strict", "src")
 
 

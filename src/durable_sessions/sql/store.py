@@ -875,10 +875,14 @@ class SQLStore:
             for e in stored
         ]  # fmt: skip
         stmt = self._q.shape("pg_append_many", self._q.pg_append_many)
-        row = (yield Query(stmt, params)).first()
-        if row is None:
-            yield from self._stale(params)
-        return int(row.event_seq)
+        for _ in range(3):
+            row = (yield Query(stmt, params)).first()
+            if row is not None:
+                return int(row.event_seq)
+            # Nothing written: raise why, unless the session only became visible after the
+            # statement's snapshot (created meanwhile); then the append is tried again.
+            yield from self._check_guard(params)
+        raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
 
     def _append_many_sqlite(
         self, params: dict[str, Any], stored: builtins.list[Event], delta: ScopedDelta
@@ -917,7 +921,10 @@ class SQLStore:
             raise StaleSessionError(org_id, session_id, expected or 0, RECREATED)
         if expected is not None and expected != found.version:
             raise StaleSessionError(org_id, session_id, expected)
-        check_counters(org_id, session_id, (0, 0, found.version), 0, 0)
+        counters = (found.message_count, found.token_total, found.version)
+        check_counters(
+            org_id, session_id, counters, params.get("v_count", 0), params.get("v_tokens", 0)
+        )
 
     async def truncate_events(
         self,
@@ -974,6 +981,6 @@ class SQLStore:
         params.update(v_count=len(removed), v_tokens=sum(e.tokens for e in removed))
         done = yield Query(q.shape("truncate_session", q.truncate_session), params)
         if done.first() is None:  # rolled back: the events stay
-            yield from self._check_guard(params)
+            yield from self._check_guard({**params, "v_count": 0, "v_tokens": 0})
             raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
         return removed

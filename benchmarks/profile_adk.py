@@ -46,6 +46,7 @@ DRIVER = "driver (asyncpg / aiosqlite hops)"
 LOOP = "event loop, socket I/O, greenlet"
 # (substring of the file path, bucket); the first match wins.
 BUCKETS: list[tuple[str, str]] = [
+    ("durable_sessions/_adk_models", MODELS),
     ("durable_sessions/adk", ADAPTER),
     ("/durable_sessions/", STORE),
     ("<string>", STORE),

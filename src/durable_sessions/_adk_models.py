@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pydantic
+from pydantic_core import PydanticUndefined
 
 __all__ = ["construct", "rebuild"]
 
@@ -213,6 +214,15 @@ class _Plan:
         self.later: list[str] = []
         self.fast, self.empty_only = _fast_capable(cls)
         self.post_init = bool(cls.__pydantic_post_init__)
+        # A model_post_init that only sets private attributes' defaults (pydantic's own,
+        # for models with private attributes): ``construct`` sets them itself.
+        hook = getattr(cls.model_post_init, "__func__", cls.model_post_init)
+        self.own_post_init = self.post_init and (
+            getattr(hook, "__module__", ""),
+            getattr(hook, "__name__", ""),
+        ) != ("pydantic._internal._model_construction", "init_private_attributes")
+        self.private = {name: a.default for name, a in cls.__private_attributes__.items()}
+        self.private_immutable = all(isinstance(v, _IMMUTABLE) for v in self.private.values())
         self.is_event = cls.__module__ == "google.adk.events.event" and cls.__name__ == "Event"
 
     @classmethod
@@ -361,9 +371,16 @@ def construct(model: type[M], values: dict[str, Any], **private: Any) -> M:
     _object_setattr(instance, "__dict__", data)
     _object_setattr(instance, "__pydantic_fields_set__", set(values))
     _object_setattr(instance, "__pydantic_extra__", None)
-    attributes = {name: attr.get_default() for name, attr in model.__private_attributes__.items()}
-    attributes.update(private)
+    if plan.private_immutable:
+        attributes = {**plan.private, **private}
+    else:
+        attributes = {}
+        for name, attribute in model.__private_attributes__.items():
+            default = attribute.get_default()
+            if default is not PydanticUndefined:  # as pydantic: no default, no attribute
+                attributes[name] = default
+        attributes.update(private)
     _object_setattr(instance, "__pydantic_private__", attributes or None)
-    if plan.post_init:
-        instance.model_post_init(None)  # private attributes set above are kept
+    if plan.own_post_init:
+        instance.model_post_init(None)
     return instance

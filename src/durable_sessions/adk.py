@@ -123,12 +123,23 @@ def durable_session_id(app_name: str, user_id: str, session_id: str) -> str:
     return hashed
 
 
-def _adk_session_id(stored: Session) -> str | None:
-    """Return the ADK id of a stored session, or None if it is not an ADK session's."""
-    head, _, tail = stored.id.rpartition("/")
-    if not head:
+def _adk_session_id(stored: Session, prefixes: dict[tuple[str, str], str]) -> str | None:
+    """Return the ADK id of a stored session, or None if it is not an ADK session's.
+
+    ``prefixes`` caches each (app, user)'s ``"app/user/"`` across the sessions of a list.
+    """
+    owner = (stored.app_name, stored.user_id)
+    prefix = prefixes.get(owner)
+    if prefix is None:
+        prefix = prefixes[owner] = f"{_escape(owner[0])}/{_escape(owner[1])}/"
+    if stored.id.startswith(prefix):
+        escaped = stored.id[len(prefix) :]
+        session_id = _unescape(escaped)
+        # The readable form names one (app, user, id): only if it is the canonical escape.
+        return session_id if session_id and _escape(session_id) == escaped else None
+    if not stored.id.startswith(_HASHED):
         return None
-    session_id = _unescape(tail)
+    session_id = _unescape(stored.id.rpartition("/")[2])
     try:
         expected = durable_session_id(stored.app_name, stored.user_id, session_id)
     except InvalidArgumentError:
@@ -375,8 +386,9 @@ class DurableSessionService(BaseSessionService):
             Filter(org_id, user_id=user_id, app_name=app_name, with_state=True)
         )
         sessions = []
+        prefixes: dict[tuple[str, str], str] = {}
         for stored in found:
-            session_id = _adk_session_id(stored)
+            session_id = _adk_session_id(stored, prefixes)
             if session_id is not None:
                 sessions.append(_to_adk(stored, session_id, [], _update_time(stored, None)))
         sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))

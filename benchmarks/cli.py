@@ -73,6 +73,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "ADK alike, overflow 10 on top; the floor's queue); default 16, the highest "
         "concurrency, so that no implementation opens and closes connections mid-run",
     )
+    parser.add_argument(
+        "--suite",
+        choices=["side-by-side", "openai"],
+        default="side-by-side",
+        help="openai: the OpenAI Agents SDK session beside the SDK's SQLAlchemySession "
+        "(benchmarks/openai_suite.py; --backend, --duration, --concurrency apply)",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     args = parser.parse_args(argv)
@@ -170,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
 
         asyncio.run(run_profile(args.backends, args.profile_ops, args.out, log))
         return 0
+    if args.suite == "openai":
+        from .openai_suite import main_openai
+
+        return main_openai(args, log)
     results = asyncio.run(_run(args))
     save_results(results, args.out, charts=not args.no_charts)
     log(

@@ -122,6 +122,8 @@ class InMemoryStore:
             created_at=now,
             updated_at=now,
             version=1,
+            message_count=0,  # a new session starts at zero, as in SQL
+            token_total=0,
             incarnation=new_id(),
         )
         self._sessions[key] = _Record(meta, delta.private_set)
@@ -130,6 +132,7 @@ class InMemoryStore:
         temp = {k: v for k, v in session.state.items() if k.startswith("temp:")}
         session.state = {**view.state, **temp}
         session.created_at = session.updated_at = now
+        session.message_count = session.token_total = 0
         session.version = 1
         session.incarnation = meta.incarnation
         session.mark_persisted()
@@ -412,3 +415,13 @@ class InMemoryStore:
         meta.updated_at = utcnow()
         meta.version += 1
         return [self._copy_event(e) for e in removed]
+
+    async def list_event_contents(
+        self, org_id: str, session_id: str, *, limit: int | None = None
+    ) -> builtins.list[Any]:
+        """Return the contents of a session's events, oldest first (see ``Store``)."""
+        check_events_read(org_id, session_id, limit, None)
+        events = self._record(org_id, session_id).events
+        if limit is not None:
+            events = events[-limit:] if limit else []
+        return [copy_json(e.content) for e in events]

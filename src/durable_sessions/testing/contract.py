@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -23,6 +24,8 @@ from durable_sessions import (
     Store,
     derive_title,
 )
+
+__all__ = ["StoreContract"]
 
 ORG = "org-a"
 OTHER_ORG = "org-b"
@@ -144,6 +147,15 @@ class StoreContract:
         assert got.created_at == created.created_at
         assert got.updated_at == created.updated_at
         assert abs(datetime.now(timezone.utc) - got.created_at) < timedelta(minutes=1)
+
+    async def test_create_starts_counters_at_zero_whatever_the_object_says(
+        self, store: Store
+    ) -> None:
+        given = Session(id="s", org_id=ORG, user_id=USER, message_count=5, token_total=7)
+        created = await store.create(given)
+        got = await store.get(ORG, "s")
+        assert (created.message_count, created.token_total) == (0, 0)
+        assert (got.message_count, got.token_total, got.version) == (0, 0, 1)
 
     async def test_create_uses_the_given_id(self, manager: Manager) -> None:
         session = await manager.create(ORG, USER, id="my-own-id")
@@ -1241,3 +1253,29 @@ class StoreContract:
         assert [e.seq for e in events] == list(range(1, len(events) + 1))
         stored = await store.get(ORG, session.id)
         assert (stored.message_count, stored.token_total) == (len(events), 3 * len(events))
+
+    async def test_list_event_contents_is_list_events_contents(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        assert await store.list_event_contents(ORG, session.id) == []
+        contents: list[Any] = [
+            {"n": 1, "f": 1.0, "e": 1e16, "big": 2**62, "text": 'ünï "q" 🚀'},
+            None,
+            "plain",
+            [1, 2.5, True, None],
+            {"nested": {"deep": [{"x": -0.5}]}},
+        ]
+        await store.append_events(ORG, session.id, [Event("user", content=c) for c in contents])
+        for limit in (None, 0, 1, 3, 5, 9):
+            expected = [e.content for e in await store.list_events(ORG, session.id, limit=limit)]
+            got = await store.list_event_contents(ORG, session.id, limit=limit)
+            assert got == expected
+            assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
+        assert type((await store.list_event_contents(ORG, session.id))[0]["e"]) is float
+        with pytest.raises(SessionNotFoundError):
+            await store.list_event_contents(ORG, "missing")
+        with pytest.raises(SessionNotFoundError):
+            await store.list_event_contents(OTHER_ORG, session.id)
+        with pytest.raises(InvalidArgumentError):
+            await store.list_event_contents(ORG, session.id, limit=-1)

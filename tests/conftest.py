@@ -14,7 +14,7 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import InMemoryStore, SQLStore, Store
-from sqlhelpers import raw_pg
+from sqlhelpers import SQL_BACKENDS, raw_pg
 
 POSTGRES_ENV = "DURABLE_SESSIONS_TEST_POSTGRES_URL"
 
@@ -105,12 +105,7 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite+aiosqlite:///{tmp_path / 'sessions.db'}"
 
 
-BACKENDS = [
-    pytest.param("memory", marks=pytest.mark.memory),
-    pytest.param("sqlite", marks=pytest.mark.sqlite),
-    pytest.param("postgres", marks=pytest.mark.postgres),
-]
-SQL_BACKENDS = BACKENDS[1:]
+BACKENDS = [pytest.param("memory", marks=pytest.mark.memory), *SQL_BACKENDS]
 
 
 @pytest.fixture

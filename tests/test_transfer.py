@@ -8,7 +8,6 @@ import json
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from conftest import SQL_BACKENDS
 from durable_sessions import Event, Filter, Manager, SQLStore
 from durable_sessions.sql.transfer import (
     ImportLineError,
@@ -16,6 +15,7 @@ from durable_sessions.sql.transfer import (
     export_jsonl,
     import_jsonl,
 )
+from sqlhelpers import SQL_BACKENDS
 
 pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
 

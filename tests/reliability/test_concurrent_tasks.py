@@ -276,3 +276,55 @@ async def test_tasks_two_stale_copies_exactly_one_stale_error(
         errors=stale,
     )
     assert (await manager.get("org", session.id)).version == 1 + rounds
+
+
+# -- moved from the former tests/test_concurrency.py: what the scenarios above do not cover
+
+
+async def test_concurrent_creates_keep_every_shared_key(engine: AsyncEngine) -> None:
+    manager = Manager(SQLStore(engine), app_name="app")
+    created = await asyncio.gather(
+        *(
+            manager.create("org", "alice", state={f"user:u{i}": i, f"app:a{i}": i, "own": i})
+            for i in range(20)
+        )
+    )
+    state = (await manager.get("org", created[0].id)).state
+    assert {k: v for k, v in state.items() if k.startswith("user:")} == {
+        f"user:u{i}": i for i in range(20)
+    }
+    assert {k: v for k, v in state.items() if k.startswith("app:")} == {
+        f"app:a{i}": i for i in range(20)
+    }
+    assert sorted([(await manager.get("org", s.id)).state["own"] for s in created]) == list(
+        range(20)
+    )
+
+
+async def test_forks_taken_during_appends_copy_a_consistent_transcript(
+    engine: AsyncEngine,
+) -> None:
+    store = SQLStore(engine)
+    manager = Manager(store, app_name="app")
+    parent = await manager.create("org", "alice")
+
+    async def appender() -> None:
+        for i in range(40):
+            await store.append_event("org", parent.id, Event("agent", content=i))
+
+    async def forker() -> list[str]:
+        made = []
+        for _ in range(8):
+            made.append((await manager.fork("org", parent.id, with_events=True)).id)
+            await asyncio.sleep(0)
+        return made
+
+    _, children = await asyncio.gather(appender(), forker())
+    for child_id in children:
+        copied = await store.list_events("org", child_id)
+        assert [e.seq for e in copied] == list(range(1, len(copied) + 1))
+        child = await store.get("org", child_id)
+        assert child.message_count == len(copied)
+        nxt = await store.append_event("org", child_id, Event("user", content="next"))
+        assert nxt.seq == len(copied) + 1
+    assert len(await store.list_events("org", parent.id)) == 40

@@ -26,6 +26,11 @@ DEMO_COMMAND = (
 )
 TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -q nox && .venv/bin/nox"
 PG_PLACEHOLDER = "postgresql://app@db/app"
+NEEDS = [
+    ("google.adk", "google.adk", "adk"),
+    ("durable_sessions.openai_agents", "agents", "openai-agents"),
+]
+"""A block that imports the first needs the second module, which the extra installs."""
 
 # The Google ADK section is being rewritten (in its own change) into a block that runs as
 # pasted and an install from a checkout. Until then its old fragment is an expected failure,
@@ -64,8 +69,9 @@ def test_the_readme_has_its_examples() -> None:
 
 @pytest.mark.parametrize("code", python_blocks())
 def test_every_python_block_runs_as_pasted(code: str, tmp_path: Path) -> None:
-    if "google.adk" in code and importlib.util.find_spec("google.adk") is None:
-        pytest.skip("google-adk is not installed (the 'adk' extra)")
+    for needs, module, extra in NEEDS:
+        if needs in code and importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed (the {extra!r} extra)")
     script = tmp_path / "example.py"
     script.write_text(code, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "DURABLE_SESSIONS_URL"}

@@ -36,7 +36,7 @@ import contextlib
 import hashlib
 import json
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     from google.adk import errors as adk_errors
@@ -75,7 +75,16 @@ from .prepare import check_limit
 from .state import MAX_ID_LENGTH, TEMP_PREFIX, USER_PREFIX, check_text, validate_id
 from .store import Store
 
-__all__ = ["DurableSessionService", "durable_session_id"]
+if TYPE_CHECKING:
+    from .adk_import import AdkImportCounts, AdkImportError, import_adk
+
+__all__ = [
+    "AdkImportCounts",
+    "AdkImportError",
+    "DurableSessionService",
+    "durable_session_id",
+    "import_adk",
+]
 
 _STALE_MESSAGE = (
     "The session has been modified in storage since it was loaded. "
@@ -493,3 +502,15 @@ class DurableSessionService(BaseSessionService):
         if newest != known:
             raise _STALE_ERROR(_STALE_MESSAGE)
         return stored.version
+
+
+_IMPORTING = {"AdkImportCounts", "AdkImportError", "import_adk"}
+
+
+def __getattr__(name: str) -> Any:
+    # Moving from ADK's DatabaseSessionService lives in adk_import, which uses this module.
+    if name in _IMPORTING:
+        from . import adk_import
+
+        return getattr(adk_import, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -459,6 +459,20 @@ async def _import(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _import_adk(args: argparse.Namespace) -> int:
+    try:
+        from .adk_import import count_adk_sessions, import_adk
+    except ImportError as exc:  # the adk extra is missing: the message names it
+        raise CLIError(str(exc).split(" (", 1)[0]) from None
+    async with _open(args) as store:
+        show = _interactive()
+        total = await count_adk_sessions(args.source) if show else None
+        with _progress("Importing ADK sessions", total, show) as advance:
+            counts = await import_adk(args.source, store, org_id=args.org, progress=advance)
+    print(f"Imported {_summary(counts)} from the ADK database into organisation {args.org!r}.")
+    return 0
+
+
 # -- parser and entry point ----------------------------------------------------------------
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -519,6 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("-o", "--output", default="-", metavar="FILE", help="default: - (stdout)")
     sub = command("import", _import, "Load an export, all or nothing.", with_org=False)
     sub.add_argument("-i", "--input", default="-", metavar="FILE", help="default: - (stdin)")
+    sub = command("import-adk", _import_adk, "Copy an ADK DatabaseSessionService database.")
+    sub.add_argument("--from", dest="source", required=True, metavar="URL", help="its db_url")
     return parser
 
 

@@ -1,0 +1,587 @@
+"""Copy a database written by Google ADK's ``DatabaseSessionService`` into durable-sessions.
+
+``import_adk(source, store, org_id=...)`` reads ADK's current schema (tables ``sessions``,
+``events``, ``app_states`` and ``user_states``, schema version 1: JSON, never pickle) and
+writes, in one transaction of the target, all or nothing:
+
+* every ADK session ``(app, user, id)`` as the durable session
+  ``durable_session_id(app, user, id)``, with its private state, its creation and update
+  times, and its events in the order ADK returns them (timestamp, then id), each stored as
+  ``DurableSessionService.append_event`` stores it;
+* every ``app:`` and ``user:`` key of ADK's state tables as a shared-state row.
+
+Afterwards ``DurableSessionService`` returns the same sessions, events, state and update
+times from every call that ADK's service returned. The source is only read (a SQLite file is
+opened read-only). Memory stays flat: sessions are read in pages and events streamed, and
+rows are written in batches. A second import of the same data is refused at the first
+session or state key that already exists; nothing is written, so a failed or interrupted
+import can simply be run again.
+
+ADK's legacy schema (version 0, events pickled) is refused without unpickling anything: run
+ADK's ``adk migrate session`` first and import its output.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from google.adk.events.event import Event as AdkEvent
+from pydantic import ValidationError
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Dialect,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    bindparam,
+    func,
+    inspect,
+    make_url,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import URL, Row
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.types import TypeEngine
+
+from .adk import _to_record, durable_session_id
+from .errors import InvalidArgumentError, SessionError
+from .model import new_id
+from .sql.dialect import dialect_ops
+from .sql.runner import translated
+from .sql.schema import app_state, events, sessions, user_state
+from .sql.store import SQLStore
+from .state import APP_PREFIX, USER_PREFIX, scope_of, validate_id, validate_key, validate_value
+
+__all__ = ["AdkImportCounts", "AdkImportError", "import_adk"]
+
+PAGE_SIZE = 500
+"""ADK sessions (or state rows) read per page; their events are streamed."""
+BATCH_SIZE = 500
+"""Rows inserted per statement."""
+
+_ASYNC = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
+_MIGRATE_FIRST = (
+    "it uses ADK's legacy schema, which pickles events; convert it first with ADK's own "
+    "`adk migrate session --source_db_url SOURCE --dest_db_url NEW`, then import NEW"
+)
+
+
+class AdkImportError(SessionError):
+    """Raised when an ADK database cannot be imported; nothing was written."""
+
+
+@dataclass
+class AdkImportCounts:
+    """What an import wrote."""
+
+    sessions: int = 0
+    events: int = 0
+    user_state: int = 0
+    app_state: int = 0
+
+
+# -- ADK's schema, version 1 (google-adk's sessions/schemas/v1.py) ----------------------------
+
+
+class _AdkJSON(TypeDecorator[Any]):
+    """ADK's ``DynamicJSON``: JSONB on Postgres, JSON text elsewhere."""
+
+    impl = Text
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(Text())
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        if isinstance(value, (str, bytes)):
+            return json.loads(value)
+        return value
+
+
+_adk = MetaData()
+_KEY = String(128)
+_sessions = Table(
+    "sessions",
+    _adk,
+    Column("app_name", _KEY, primary_key=True),
+    Column("user_id", _KEY, primary_key=True),
+    Column("id", _KEY, primary_key=True),
+    Column("state", _AdkJSON),
+    Column("create_time", DateTime),
+    Column("update_time", DateTime),
+)
+_events = Table(
+    "events",
+    _adk,
+    Column("id", _KEY, primary_key=True),
+    Column("app_name", _KEY, primary_key=True),
+    Column("user_id", _KEY, primary_key=True),
+    Column("session_id", _KEY, primary_key=True),
+    Column("invocation_id", String(256)),
+    Column("timestamp", DateTime),
+    Column("event_data", _AdkJSON),
+)
+_app_states = Table(
+    "app_states",
+    _adk,
+    Column("app_name", _KEY, primary_key=True),
+    Column("state", _AdkJSON),
+    Column("update_time", DateTime),
+)
+_user_states = Table(
+    "user_states",
+    _adk,
+    Column("app_name", _KEY, primary_key=True),
+    Column("user_id", _KEY, primary_key=True),
+    Column("state", _AdkJSON),
+    Column("update_time", DateTime),
+)
+_metadata = Table("adk_internal_metadata", _adk, Column("key", _KEY), Column("value", Text))
+
+
+def _utc(value: datetime | None) -> datetime:
+    """ADK keeps naive UTC datetimes (and reads them as UTC): make them aware."""
+    if value is None:
+        return datetime.now(timezone.utc)
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
+
+
+# -- the source -----------------------------------------------------------------------------
+
+
+def _masked(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+def _source_url(source: str | URL) -> URL:
+    """The async URL to read ``source`` through, refusing what cannot be an ADK database."""
+    try:
+        url = make_url(source)
+    except (sa_exc.ArgumentError, ValueError):
+        raise AdkImportError(
+            "the ADK database URL is not valid; expected e.g. sqlite:///sessions.db or "
+            "postgresql://user@host/db"
+        ) from None
+    backend = url.get_backend_name()
+    if backend not in _ASYNC:
+        raise AdkImportError(
+            f"cannot import an ADK database on {backend!r}: SQLite and Postgres are supported"
+        )
+    url = url.set(drivername=_ASYNC[backend])
+    if backend == "sqlite":
+        name = url.database or ""
+        if not name or name == ":memory:" or name.startswith("file:"):
+            raise AdkImportError("the ADK database must be a SQLite file (a path in the URL)")
+        path = Path(name)
+        if not path.is_file():
+            raise AdkImportError(f"there is no ADK database file {name!r}")
+        # Read-only: an import never changes (or creates) its source.
+        where = quote(str(path.resolve()))
+        url = url.set(database=f"file:{where}", query={"uri": "true", "mode": "ro"})
+    return url
+
+
+@contextmanager
+def _from_source(where: str) -> Iterator[None]:
+    """Report the source's database errors as one line naming it (never a password)."""
+    try:
+        yield
+    except SessionError:
+        raise  # the target's errors, already translated, and this module's own
+    except Exception as exc:
+        if isinstance(exc, (sa_exc.SQLAlchemyError, OSError)) or type(exc).__module__.startswith(
+            ("asyncpg", "sqlite3", "aiosqlite")
+        ):
+            raise AdkImportError(f"cannot read the ADK database at {where}: {_why(exc)}") from None
+        raise
+
+
+@asynccontextmanager
+async def _reading(source: str | URL | AsyncEngine) -> AsyncIterator[_Source]:
+    """The source inside one read-only snapshot, its schema checked."""
+    if isinstance(source, AsyncEngine):
+        engine, owned, where = source, False, _masked(source.url)
+    else:
+        url = _source_url(source)
+        engine, owned, where = create_async_engine(url), True, _masked(url)
+    try:
+        with _from_source(where):
+            conn = await engine.connect()
+        try:
+            with _from_source(where):
+                if conn.dialect.name == "postgresql":
+                    await conn.execution_options(isolation_level="REPEATABLE READ")
+                    await conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+                else:
+                    await conn.exec_driver_sql("BEGIN")  # one snapshot of the file
+                await _check_schema(conn, where)
+            yield _Source(conn, where)
+        finally:
+            with _from_source(where):
+                await conn.close()
+    finally:
+        if owned:
+            await engine.dispose()
+
+
+@dataclass
+class _Source:
+    conn: AsyncConnection
+    where: str
+
+    def errors(self) -> Any:
+        """A block whose database errors are the source's."""
+        return _from_source(self.where)
+
+
+def _why(exc: BaseException) -> str:
+    while exc.__cause__ is not None and not str(exc).strip():
+        exc = exc.__cause__
+    cause = exc.orig if isinstance(exc, sa_exc.DBAPIError) and exc.orig is not None else exc
+    text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    return text
+
+
+async def _check_schema(conn: AsyncConnection, where: str) -> None:
+    """Refuse a database that is not ADK's, or is in ADK's legacy (pickle) schema."""
+
+    def tables(sync: Any) -> dict[str, set[str]]:
+        found = inspect(sync)
+        names = set(found.get_table_names())
+        return {name: {c["name"] for c in found.get_columns(name)} for name in names}
+
+    found = await conn.run_sync(tables)
+    if "adk_internal_metadata" in found:
+        stmt = select(_metadata.c.value).where(_metadata.c.key == "schema_version")
+        version = (await conn.execute(stmt)).scalar()
+        if version == "1":
+            missing = {"sessions", "events", "app_states", "user_states"} - set(found)
+            if missing:
+                raise AdkImportError(f"the ADK database at {where} lacks {sorted(missing)}")
+            return
+        if version == "0":
+            raise AdkImportError(f"cannot import the ADK database at {where}: {_MIGRATE_FIRST}")
+        raise AdkImportError(
+            f"the ADK database at {where} has schema version {version!r}; this import reads "
+            "version 1 (google-adk 1.x and 2.x)"
+        )
+    legacy = found.get("events", set())
+    if "actions" in legacy and "event_data" not in legacy:
+        raise AdkImportError(f"cannot import the ADK database at {where}: {_MIGRATE_FIRST}")
+    raise AdkImportError(f"{where} is not a database of ADK's DatabaseSessionService")
+
+
+# -- conversion -----------------------------------------------------------------------------
+
+
+def _refuse(what: str, reason: str) -> AdkImportError:
+    return AdkImportError(f"cannot import {what}: {reason}; nothing was imported")
+
+
+def _session_row(org_id: str, row: Row[Any]) -> dict[str, Any]:
+    what = f"ADK session {row.id!r} of user {row.user_id!r} in app {row.app_name!r}"
+    try:
+        validate_id("app_name", row.app_name, allow_empty=True)
+        validate_id("user_id", row.user_id)
+        durable_id = durable_session_id(row.app_name, row.user_id, row.id)
+        validate_id("session id", durable_id)
+        state = dict(row.state or {})
+        for key, value in state.items():
+            if scope_of(validate_key(key)) != "private":
+                raise InvalidArgumentError(f"its state key {key!r} is not a session key")
+            validate_value(key, value)
+    except InvalidArgumentError as exc:
+        raise _refuse(what, str(exc)) from None
+    created = _utc(row.create_time)
+    return {
+        "org_id": org_id, "id": durable_id, "user_id": row.user_id,
+        "app_name": row.app_name, "title": "", "state": state, "parent_id": None,
+        "created_at": created, "updated_at": _utc(row.update_time or row.create_time),
+        "message_count": 0, "token_total": 0, "event_seq": 0, "version": 1,
+        "incarnation": new_id(),
+    }  # fmt: skip
+
+
+def _event_row(org_id: str, session: dict[str, Any], seq: int, row: Row[Any]) -> dict[str, Any]:
+    """The durable row of an ADK event: the event as ADK returns it, stored as the adapter
+    stores an appended one."""
+    data = dict(row.event_data or {})
+    if data.get("timestamp") is None:  # as ADK reads it: the column when the JSON has none
+        data["timestamp"] = _utc(row.timestamp).timestamp()
+    what = f"event {row.id!r} of ADK session {row.session_id!r} of user {row.user_id!r}"
+    try:
+        event = AdkEvent.model_validate(
+            {**data, "id": row.id, "invocation_id": row.invocation_id or ""}
+        )
+        record = _to_record(event)
+        validate_id("author", record.author, allow_empty=True)
+        validate_id("invocation_id", record.invocation_id, allow_empty=True)
+        validate_value("<event content>", record.content)
+        for key, value in record.state_delta.items():
+            validate_key(key)
+            validate_value(key, value)
+    except (ValidationError, InvalidArgumentError) as exc:
+        reason = str(exc).splitlines()[0]
+        raise _refuse(what, reason) from None
+    return {
+        "org_id": org_id, "session_id": session["id"], "seq": seq, "id": record.id,
+        "author": record.author, "invocation_id": record.invocation_id,
+        "content": record.content, "state_delta": record.state_delta, "tokens": record.tokens,
+        "timestamp": record.timestamp,
+    }  # fmt: skip
+
+
+def _state_rows(
+    org_id: str, row: Row[Any], prefix: str, user_id: str | None
+) -> list[dict[str, Any]]:
+    rows = []
+    for key, value in (row.state or {}).items():
+        try:
+            validate_key(prefix + key if isinstance(key, str) else key)
+            validate_value(prefix + key, value)
+        except InvalidArgumentError as exc:
+            raise _refuse(f"the {prefix} state of app {row.app_name!r}", str(exc)) from None
+        found = {"org_id": org_id, "app_name": row.app_name, "key": key, "value": value}
+        if user_id is not None:
+            found["user_id"] = user_id
+        found["updated_at"] = _utc(row.update_time)
+        rows.append(found)
+    return rows
+
+
+# -- the target -----------------------------------------------------------------------------
+
+
+class _Writer:
+    """Inserts rows in batches inside the target's transaction; refuses any that exist."""
+
+    def __init__(self, conn: AsyncConnection, counts: AdkImportCounts) -> None:
+        self.conn = conn
+        self.counts = counts
+        ops = dialect_ops(conn.dialect.name, conn.dialect.driver)
+        self.inserts = {
+            name: ops.insert_if_absent(table).returning(*table.primary_key.columns)
+            for name, table in _TABLES.items()
+        }
+        self.pending: dict[str, list[dict[str, Any]]] = {t: [] for t in self.inserts}
+
+    async def add(self, table: str, row: dict[str, Any]) -> None:
+        self.pending[table].append(row)
+        if len(self.pending[table]) >= BATCH_SIZE:
+            await self.flush(table)
+
+    async def flush(self, *tables: str) -> None:
+        for table in tables or tuple(self.inserts):
+            rows = self.pending[table]
+            if not rows:
+                continue
+            with translated("import-adk"):
+                inserted = (await self.conn.execute(self.inserts[table], rows)).all()
+            if len(inserted) < len(rows):
+                keys = {tuple(key) for key in inserted}
+                clash = next(r for r in rows if _key(table, r) not in keys)
+                raise AdkImportError(f"{_clash(table, clash)}; nothing was imported")
+            setattr(self.counts, _COUNTED[table], getattr(self.counts, _COUNTED[table]) + len(rows))
+            rows.clear()
+
+
+_COUNTED = {
+    "ds_sessions": "sessions",
+    "ds_events": "events",
+    "ds_user_state": "user_state",
+    "ds_app_state": "app_state",
+}
+
+
+_TABLES = {table.name: table for table in (sessions, events, user_state, app_state)}
+
+
+def _key(table: str, row: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(row[col.name] for col in _TABLES[table].primary_key.columns)
+
+
+def _clash(table: str, row: dict[str, Any]) -> str:
+    org = row["org_id"]
+    if table == "ds_sessions":
+        return f"session {row['id']!r} already exists in organisation {org!r}"
+    if table == "ds_events":
+        return f"an event of session {row['session_id']!r} already exists in {org!r}"
+    scope = "user:" if table == "ds_user_state" else "app:"
+    owner = f" of user {row['user_id']!r}" if table == "ds_user_state" else ""
+    return (
+        f"the {scope} state key {row['key']!r}{owner} of app {row['app_name']!r} already "
+        f"exists in organisation {org!r}"
+    )
+
+
+_finish = (
+    update(sessions)
+    .where(sessions.c.org_id == bindparam("k_org"), sessions.c.id == bindparam("k_id"))
+    .values(
+        message_count=bindparam("v_count"),
+        token_total=bindparam("v_tokens"),
+        event_seq=bindparam("v_count"),
+    )
+)
+
+
+async def _pages(source: _Source, table: Table) -> AsyncIterator[Sequence[Row[Any]]]:
+    """The source table's rows by primary key, a keyset page at a time."""
+    keys = list(table.primary_key.columns)
+    query = select(table).order_by(*keys).limit(PAGE_SIZE)
+    after: tuple[Any, ...] | None = None
+    while True:
+        page_query = query if after is None else query.where(tuple_(*keys) > tuple_(*after))
+        with source.errors():
+            rows = (await source.conn.execute(page_query)).all()
+        if rows:
+            yield rows
+        if len(rows) < PAGE_SIZE:
+            return
+        after = tuple(rows[-1]._mapping[col.name] for col in keys)
+
+
+async def _copy_sessions(
+    source: _Source,
+    writer: _Writer,
+    org_id: str,
+    progress: Callable[[int], None] | None,
+) -> None:
+    e = _events
+    async for page in _pages(source, _sessions):
+        by_key: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for row in page:
+            made = _session_row(org_id, row)
+            by_key[(row.app_name, row.user_id, row.id)] = made
+            await writer.add("ds_sessions", made)
+        await writer.flush("ds_sessions")  # the events refer to them
+        first, last = page[0], page[-1]
+        owner = tuple_(e.c.app_name, e.c.user_id, e.c.session_id)
+        of_page = (
+            select(e)
+            .where(owner >= tuple_(first.app_name, first.user_id, first.id))
+            .where(owner <= tuple_(last.app_name, last.user_id, last.id))
+            # As ADK returns a session's events: by timestamp, then id.
+            .order_by(e.c.app_name, e.c.user_id, e.c.session_id, e.c.timestamp, e.c.id)
+        )
+        counted: dict[str, list[int]] = {}
+        async for row in _streamed(source, of_page):
+            session = by_key.get((row.app_name, row.user_id, row.session_id))
+            if session is None:
+                continue  # an event without its session: ADK never returns it
+            seen = counted.setdefault(session["id"], [0, 0])
+            seen[0] += 1
+            made = _event_row(org_id, session, seen[0], row)
+            seen[1] += made["tokens"]
+            await writer.add("ds_events", made)
+        await writer.flush("ds_events")
+        if counted:
+            finished = [
+                {"k_org": org_id, "k_id": sid, "v_count": n, "v_tokens": tokens}
+                for sid, (n, tokens) in counted.items()
+            ]
+            with translated("import-adk"):
+                await writer.conn.execute(_finish, finished)
+        if progress is not None:
+            progress(len(page))
+
+
+async def _streamed(source: _Source, query: Any) -> AsyncIterator[Row[Any]]:
+    """The rows of a source query, streamed (a server-side cursor on Postgres)."""
+    with source.errors():
+        result = await source.conn.stream(query)
+    iterator = result.__aiter__()
+    while True:
+        with source.errors():
+            try:
+                row = await iterator.__anext__()
+            except StopAsyncIteration:
+                return
+        yield row
+
+
+async def _copy_state(source: _Source, writer: _Writer, org_id: str) -> None:
+    async for page in _pages(source, _app_states):
+        for row in page:
+            for made in _state_rows(org_id, row, APP_PREFIX, None):
+                await writer.add("ds_app_state", made)
+    async for page in _pages(source, _user_states):
+        for row in page:
+            try:
+                validate_id("user_id", row.user_id)
+            except InvalidArgumentError as exc:
+                raise _refuse(f"the user: state of app {row.app_name!r}", str(exc)) from None
+            for made in _state_rows(org_id, row, USER_PREFIX, row.user_id):
+                await writer.add("ds_user_state", made)
+    await writer.flush()
+
+
+async def count_adk_sessions(source: str | URL | AsyncEngine) -> int:
+    """Return how many sessions an ADK database holds (for a progress bar).
+
+    Raises:
+        AdkImportError: the source is missing, unreadable or not ADK's current schema.
+    """
+    async with _reading(source) as found, found.errors():
+        query = select(func.count()).select_from(_sessions)
+        return int((await found.conn.execute(query)).scalar_one())
+
+
+async def import_adk(
+    source: str | URL | AsyncEngine,
+    store: SQLStore,
+    *,
+    org_id: str,
+    progress: Callable[[int], None] | None = None,
+) -> AdkImportCounts:
+    """Copy every session, event and shared state of an ADK database into ``org_id``.
+
+    All or nothing, in one transaction of the target (see the module's docstring).
+
+    Args:
+        source: The ADK database: the URL its ``DatabaseSessionService`` was given
+            (``sqlite:///...``, ``sqlite+aiosqlite:///...``, ``postgresql://...``,
+            ``postgresql+asyncpg://...``), or an ``AsyncEngine`` on it.
+        store: The durable-sessions store (migrated) that receives the data.
+        org_id: The organisation the sessions and state go to.
+        progress: Called with the number of sessions copied since the last call.
+
+    Returns:
+        How many sessions, events and state rows were written.
+
+    Raises:
+        AdkImportError: The source is missing, unreadable, not an ADK database, in ADK's
+            legacy pickle schema, holds a value durable-sessions cannot store, or clashes
+            with what the target already holds. Nothing is written.
+        SchemaNotMigratedError: The target database is not migrated.
+        StoreUnavailableError: The target database could not be reached.
+    """
+    validate_id("org_id", org_id)
+    if not isinstance(store, SQLStore):
+        raise InvalidArgumentError("import_adk writes into a SQLStore (a migrated database)")
+    counts = AdkImportCounts()
+    async with _reading(source) as found:
+        with translated("import-adk"):
+            async with store.engine.begin() as target:
+                if target.dialect.name == "sqlite":
+                    await target.exec_driver_sql("BEGIN IMMEDIATE")
+                writer = _Writer(target, counts)
+                await _copy_sessions(found, writer, org_id, progress)
+                await _copy_state(found, writer, org_id)
+    return counts

@@ -1,0 +1,352 @@
+"""import_adk and `durable-sessions import-adk`: databases written by google-adk's own
+DatabaseSessionService (SQLite and Postgres) copied into SQLite and Postgres, then every ADK
+call answered alike by ADK's service on the source and DurableSessionService on the copy."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.adk.events.event import Event
+from google.adk.events.event_actions import EventActions
+from google.adk.sessions import DatabaseSessionService
+from google.adk.sessions.base_session_service import BaseSessionService, GetSessionConfig
+from google.adk.sessions.session import Session as AdkSession
+from google.genai import types
+from sqlalchemy import create_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from durable_sessions import Filter, SQLStore, Store
+from durable_sessions import adk_import as importing
+from durable_sessions.adk import (
+    AdkImportError,
+    DurableSessionService,
+    durable_session_id,
+    import_adk,
+)
+from sqlhelpers import SQL_BACKENDS, snapshot
+
+ORG = "acme"
+BASE = 1_750_000_000.0
+
+pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
+
+
+@pytest.fixture(params=["adk-sqlite", "adk-postgres"])
+def adk_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new, empty database for ADK's DatabaseSessionService to write."""
+    if request.param == "adk-sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'adk.db'}"
+    make: Callable[[], str] = request.getfixturevalue("fresh_pg_url")
+    return make()
+
+
+def text(role: str, words: str) -> types.Content:
+    return types.Content(role=role, parts=[types.Part(text=words)])
+
+
+def event(n: int, author: str = "user", **kwargs: Any) -> Event:
+    return Event(invocation_id=f"inv-{n}", author=author, timestamp=BASE + n, **kwargs)
+
+
+async def write_with_adk(service: BaseSessionService) -> list[tuple[str, str, str]]:
+    """Sessions, events and state of every scope, written by ADK itself; return the
+    (app, user, id) of every session that remains."""
+    kept = []
+    main = await service.create_session(
+        app_name="trips",
+        user_id="alice",
+        session_id="main",
+        state={"topic": "paris", "user:lang": "fr", "app:tier": "gold", "temp:x": 1},
+    )
+    call = types.FunctionCall(id="fc-1", name="remember", args={"city": "Paris", "n": [1, 2.5]})
+    answer = types.FunctionResponse(id="fc-1", name="remember", response={"ok": True})
+    for item in [
+        event(1, content=text("user", "I live in Paris")),
+        event(
+            2,
+            "concierge",
+            content=types.Content(role="model", parts=[types.Part(function_call=call)]),
+            usage_metadata=types.GenerateContentResponseUsageMetadata(
+                prompt_token_count=7, candidates_token_count=5, total_token_count=12
+            ),
+        ),
+        event(
+            3,
+            "concierge",
+            content=types.Content(role="user", parts=[types.Part(function_response=answer)]),
+            actions=EventActions(state_delta={"user:city": "Paris", "visits": 1}),
+        ),
+        event(
+            4,
+            "concierge",
+            content=types.Content(
+                role="model",
+                parts=[
+                    types.Part(text="Noted."),
+                    types.Part.from_bytes(data=b"\x00\x01png", mime_type="image/png"),
+                ],
+            ),
+            usage_metadata=types.GenerateContentResponseUsageMetadata(total_token_count=20),
+            actions=EventActions(state_delta={"app:motd": {"text": "hi"}, "temp:t": 1}),
+        ),
+        event(5, partial=True, content=text("model", "never stored")),
+    ]:
+        await service.append_event(main, item)
+    kept.append(("trips", "alice", "main"))
+
+    bob = await service.create_session(
+        app_name="trips", user_id="bob", session_id="main", state={"n": 1, "user:lang": "de"}
+    )
+    for n in range(6, 36):  # more events than a page, for the paging below
+        await service.append_event(bob, event(n, content=text("user", f"message {n}")))
+    kept.append(("trips", "bob", "main"))
+
+    empty = await service.create_session(app_name="trips", user_id="alice")
+    kept.append(("trips", "alice", empty.id))
+    for i in range(4):
+        made = await service.create_session(
+            app_name="other", user_id=f"user-{i}", state={"i": i, "app:flag": True}
+        )
+        kept.append(("other", f"user-{i}", made.id))
+    gone = await service.create_session(app_name="trips", user_id="alice", session_id="gone")
+    await service.append_event(gone, event(40))
+    await service.delete_session(app_name="trips", user_id="alice", session_id="gone")
+    return kept
+
+
+def view(session: AdkSession | None) -> Any:
+    """What an ADK app sees of a session (the storage marker aside)."""
+    if session is None:
+        return None
+    return (
+        session.id,
+        session.app_name,
+        session.user_id,
+        session.state,
+        session.events,
+        session.last_update_time,
+    )
+
+
+CONFIGS = [
+    None,
+    GetSessionConfig(num_recent_events=0),
+    GetSessionConfig(num_recent_events=2),
+    GetSessionConfig(num_recent_events=100),
+    GetSessionConfig(after_timestamp=BASE + 3),
+    GetSessionConfig(after_timestamp=BASE + 20, num_recent_events=3),
+]
+
+
+async def assert_same_answers(
+    adk: BaseSessionService, ours: DurableSessionService, kept: list[tuple[str, str, str]]
+) -> None:
+    for app_name, user_id, session_id in [*kept, ("trips", "alice", "gone")]:
+        for config in CONFIGS:
+            expected = await adk.get_session(
+                app_name=app_name, user_id=user_id, session_id=session_id, config=config
+            )
+            got = await ours.get_session(
+                app_name=app_name, user_id=user_id, session_id=session_id, config=config
+            )
+            assert view(got) == view(expected), (app_name, user_id, session_id, config)
+    for app_name in ("trips", "other", "nobody"):
+        users = [*sorted({user for app, user, _ in kept if app == app_name}), "nobody"]
+        for user_id in [None, *users]:
+            expected_list = await adk.list_sessions(app_name=app_name, user_id=user_id)
+            got_list = await ours.list_sessions(app_name=app_name, user_id=user_id)
+            assert [view(s) for s in got_list.sessions] == [view(s) for s in expected_list.sessions]
+            if user_id is not None:
+                assert await ours.get_user_state(
+                    app_name=app_name, user_id=user_id
+                ) == await adk.get_user_state(app_name=app_name, user_id=user_id)
+
+
+async def test_an_adk_database_reads_back_alike_after_import(
+    adk_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(importing, "PAGE_SIZE", 3)  # pages and batches end mid-way
+    monkeypatch.setattr(importing, "BATCH_SIZE", 4)
+    adk = DatabaseSessionService(db_url=adk_url)
+    try:
+        kept = await write_with_adk(adk)
+        assert isinstance(store, SQLStore)
+        progress: list[int] = []
+        counts = await import_adk(adk_url, store, org_id=ORG, progress=progress.append)
+        assert sum(progress) == counts.sessions == len(kept) == 7
+        assert counts.events == 4 + 30
+        assert counts.user_state == 3  # alice's lang and city, bob's lang
+        assert counts.app_state == 3  # trips' tier and motd, other's flag
+
+        ours = DurableSessionService(store, org_id=ORG)
+        await assert_same_answers(adk, ours, kept)
+
+        # The sessions are durable sessions now: counters, ids, and they go on.
+        alice = await store.get(ORG, durable_session_id("trips", "alice", "main"))
+        assert (alice.message_count, alice.token_total) == (4, 32)
+        assert alice.state == {
+            "topic": "paris",
+            "visits": 1,
+            "user:lang": "fr",
+            "user:city": "Paris",
+            "app:tier": "gold",
+            "app:motd": {"text": "hi"},
+        }
+        assert len(await store.list(Filter(ORG))) == 7
+        resumed = await ours.get_session(app_name="trips", user_id="alice", session_id="main")
+        assert resumed is not None
+        await ours.append_event(resumed, event(50, content=text("user", "And now?")))
+        again = await ours.get_session(app_name="trips", user_id="alice", session_id="main")
+        assert again is not None
+        assert [e.invocation_id for e in again.events] == [f"inv-{n}" for n in (1, 2, 3, 4, 50)]
+        assert (await store.get(ORG, alice.id)).message_count == 5
+    finally:
+        await adk.close()
+
+
+async def test_a_second_import_is_refused_and_writes_nothing(
+    adk_url: str, store: Store, engine: AsyncEngine
+) -> None:
+    adk = DatabaseSessionService(db_url=adk_url)
+    try:
+        await write_with_adk(adk)
+    finally:
+        await adk.close()
+    assert isinstance(store, SQLStore)
+    await import_adk(adk_url, store, org_id=ORG)
+    before = await snapshot(engine)
+    with pytest.raises(AdkImportError, match="already exists in organisation 'acme'"):
+        await import_adk(adk_url, store, org_id=ORG)
+    assert await snapshot(engine) == before
+    # Another organisation is another namespace: the same data goes in again.
+    counts = await import_adk(adk_url, store, org_id="other-org")
+    assert counts.sessions == 7
+
+
+async def test_a_value_durable_sessions_cannot_store_refuses_the_whole_import(
+    tmp_path: Path, store: Store, engine: AsyncEngine
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'adk.db'}"
+    adk = DatabaseSessionService(db_url=url)
+    try:
+        await adk.create_session(app_name="a", user_id="u", session_id="fine", state={"x": 1})
+        await adk.create_session(app_name="a", user_id="u", session_id="nan", state={"x": 1.5})
+    finally:
+        await adk.close()
+    with sqlite3.connect(tmp_path / "adk.db") as raw:  # ADK's SQLite JSON allows NaN
+        raw.execute("UPDATE sessions SET state = '{\"x\": NaN}' WHERE id = 'nan'")
+    before = await snapshot(engine)
+    assert isinstance(store, SQLStore)
+    with pytest.raises(AdkImportError) as caught:
+        await import_adk(url, store, org_id=ORG)
+    message = str(caught.value)
+    assert "'nan'" in message
+    assert "NaN" in message or "nan" in message
+    assert "nothing was imported" in message
+    assert "\n" not in message
+    assert await snapshot(engine) == before
+
+
+async def test_the_legacy_pickle_schema_is_refused_with_the_command_to_run(
+    tmp_path: Path, store: Store
+) -> None:
+    from google.adk.sessions.schemas import v0
+
+    path = tmp_path / "legacy.db"
+    sync = create_engine(f"sqlite:///{path}")
+    v0.Base.metadata.create_all(sync)
+    sync.dispose()
+    with sqlite3.connect(path) as raw:  # a row that would fail to unpickle if anyone tried
+        raw.execute(
+            "INSERT INTO sessions (app_name, user_id, id, state, create_time, update_time) "
+            "VALUES ('a', 'u', 's', '{}', '2025-01-01 00:00:00', '2025-01-01 00:00:00')"
+        )
+        raw.execute(
+            "INSERT INTO events (id, app_name, user_id, session_id, invocation_id, author, "
+            "actions, timestamp) VALUES ('e', 'a', 'u', 's', 'i', 'user', X'00FF', "
+            "'2025-01-01 00:00:00')"
+        )
+    assert isinstance(store, SQLStore)
+    with pytest.raises(AdkImportError, match="adk migrate session") as caught:
+        await import_adk(f"sqlite:///{path}", store, org_id=ORG)
+    assert "legacy schema" in str(caught.value)
+
+
+async def test_a_missing_or_unreadable_source_is_one_clear_error(
+    tmp_path: Path, store: Store
+) -> None:
+    assert isinstance(store, SQLStore)
+    missing = tmp_path / "missing.db"
+    with pytest.raises(AdkImportError, match="there is no ADK database file"):
+        await import_adk(f"sqlite:///{missing}", store, org_id=ORG)
+    assert not missing.exists()  # never created
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(AdkImportError, match="cannot read the ADK database"):
+        await import_adk(f"sqlite:///{garbage}", store, org_id=ORG)
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE notes (x)").connection.close()
+    with pytest.raises(AdkImportError, match="is not a database of ADK's"):
+        await import_adk(f"sqlite:///{other}", store, org_id=ORG)
+    with pytest.raises(AdkImportError, match="cannot read the ADK database at") as caught:
+        await import_adk("postgresql://ada:s3cret@127.0.0.1:1/nope", store, org_id=ORG)
+    assert "s3cret" not in str(caught.value)
+    with pytest.raises(AdkImportError, match="SQLite and Postgres"):
+        await import_adk("mysql://u@h/db", store, org_id=ORG)
+
+
+def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DURABLE_SESSIONS_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "durable_sessions", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+async def test_the_command_imports_once_and_explains_failures_in_one_line(
+    adk_url: str, backend_url: str, backend: str, engine: AsyncEngine
+) -> None:
+    adk = DatabaseSessionService(db_url=adk_url)
+    try:
+        kept = await write_with_adk(adk)
+    finally:
+        await adk.close()
+    target = ["--url", backend_url]
+    done = cli(*target, "import-adk", "--from", adk_url, "--org", ORG)
+    assert done.returncode == 0, done.stderr
+    assert "Imported 7 sessions, 34 events, 3 user: and 3 app: state rows" in done.stdout
+    ours = DurableSessionService(SQLStore(engine), org_id=ORG)
+    listed = await ours.list_sessions(app_name="trips")
+    assert sorted((s.user_id, s.id) for s in listed.sessions) == sorted(
+        (user, sid) for app, user, sid in kept if app == "trips"
+    )
+    shown = cli(*target, "show", "trips/alice/main", "--org", ORG)
+    assert shown.returncode == 0, shown.stderr
+    assert "alice" in shown.stdout
+
+    again = cli(*target, "import-adk", "--from", adk_url, "--org", ORG)
+    assert again.returncode == 1
+    assert again.stderr.count("\n") == 1
+    assert "already exists" in again.stderr
+    assert "Traceback" not in again.stderr
+    for source, expected in (
+        ("sqlite:///no/such/adk.db", "there is no ADK database file"),
+        ("postgresql://ada:s3cret@127.0.0.1:1/nope", "cannot read the ADK database"),
+    ):
+        failed = cli(*target, "import-adk", "--from", source, "--org", ORG)
+        assert failed.returncode == 1
+        assert expected in failed.stderr
+        assert failed.stderr.count("\n") == 1
+        assert "s3cret" not in failed.stderr
+    assert backend in ("sqlite", "postgres")

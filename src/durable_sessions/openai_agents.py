@@ -105,8 +105,12 @@ def _to_item(event: Event) -> TResponseInputItem:
     content = event.content
     if isinstance(content, dict):
         return content  # type: ignore[return-value]
+    return _foreign_item(content, "user" if event.author == "user" else "assistant")
+
+
+def _foreign_item(content: Any, role: str = "assistant") -> TResponseInputItem:
+    """A message holding the content of an event another writer appended (not an item)."""
     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-    role = "user" if event.author == "user" else "assistant"
     return {"role": role, "content": text}  # type: ignore[return-value,misc]
 
 
@@ -170,10 +174,12 @@ class DurableSession(SessionABC):
         """
         limit = resolve_session_limit(limit, self.session_settings)
         try:
-            events = await self.store.list_events(self._org(), self.session_id, limit=limit)
+            contents = await self.store.list_event_contents(
+                self._org(), self.session_id, limit=limit
+            )
         except SessionNotFoundError:
             return []
-        return [_to_item(event) for event in events]
+        return [c if isinstance(c, dict) else _foreign_item(c) for c in contents]  # type: ignore[misc]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append items, all or nothing, in order and next to each other.

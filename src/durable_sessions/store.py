@@ -290,3 +290,17 @@ class Store(Protocol):
             InvalidArgumentError: ``after_seq`` is not an integer from 0 to 2**63 - 1.
         """
         ...
+
+    async def list_event_contents(
+        self, org_id: str, session_id: str, *, limit: int | None = None
+    ) -> builtins.list[Any]:
+        """Return the ``content`` of each event ``list_events`` returns, in the same order.
+
+        The same read without building ``Event`` objects: for adapters that keep their own
+        items as event contents (one statement, one JSON document to decode, on SQL).
+
+        Raises:
+            SessionNotFoundError: no such session in that organisation.
+            InvalidArgumentError: ``limit`` is negative.
+        """
+        ...

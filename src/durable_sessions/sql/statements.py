@@ -592,3 +592,21 @@ class Statements:
             .label("events")
         )
         return select(cut.c.version, transcript)
+
+    def event_contents(self, has_limit: bool) -> Any:
+        """A session's event contents, oldest first, as ONE JSON array in one text value
+        (the newest ``k_limit`` with ``has_limit``); ``[]`` or NULL when there are none."""
+        chosen = select(events.c.seq, events.c.content).where(EVENTS_KEY)
+        if has_limit:
+            chosen = chosen.order_by(events.c.seq.desc()).limit(bindparam("k_limit"))
+        rows = chosen.subquery("chosen")
+        if self.ops.is_postgres:
+            # json_agg of jsonb values: their canonical text, joined; no jsonb re-parse.
+            whole = func.json_agg(aggregate_order_by(rows.c.content, rows.c.seq))
+            return select(cast(whole, Text).label("contents"))
+        # Contents are stored as JSON text: joined as they are, nothing is parsed. SQLite
+        # aggregates in the order its input comes: the rows, ordered by seq.
+        text = func.coalesce(cast(rows.c.content, Text), literal("null", Text))
+        ordered = select(text.label("c")).order_by(rows.c.seq).subquery("ordered")
+        whole = literal("[", Text) + func.group_concat(ordered.c.c, ",") + literal("]", Text)
+        return select(whole.label("contents"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import json
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
@@ -984,3 +985,22 @@ class SQLStore:
             yield from self._check_guard({**params, "v_count": 0, "v_tokens": 0})
             raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
         return removed
+
+    async def list_event_contents(
+        self, org_id: str, session_id: str, *, limit: int | None = None
+    ) -> builtins.list[Any]:
+        """Return the contents of a session's events, oldest first (see ``Store``).
+
+        One statement: the database joins the contents into one JSON array, decoded at once.
+        """
+        _, params = _events_read(org_id, session_id, limit, None)
+        has_limit = limit is not None
+        stmt = self._q.shape(("contents", has_limit), lambda: self._q.event_contents(has_limit))
+        return await self._runner.run(self._contents(stmt, params), "read", "list_events")
+
+    def _contents(self, stmt: Any, params: dict[str, Any]) -> Program[builtins.list[Any]]:
+        row = (yield Query(stmt, params)).first()
+        found: builtins.list[Any] = json.loads(row.contents) if row.contents else []
+        if not found:  # no events, or no session? Only then is a second statement needed.
+            yield from self._require(params["k_org"], params["k_id"])
+        return found

@@ -608,5 +608,5 @@ class Statements:
         # aggregates in the order its input comes: the rows, ordered by seq.
         text = func.coalesce(cast(rows.c.content, Text), literal("null", Text))
         ordered = select(text.label("c")).order_by(rows.c.seq).subquery("ordered")
-        whole = literal("[", Text) + func.group_concat(ordered.c.c, ",") + literal("]", Text)
-        return select(whole.label("contents"))
+        joined = literal("[", Text) + func.group_concat(ordered.c.c, ",") + literal("]", Text)
+        return select(joined.label("contents"))

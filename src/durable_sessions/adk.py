@@ -72,7 +72,7 @@ from .errors import (
 )
 from .model import Event, Filter, Session, new_id
 from .prepare import check_limit
-from .state import MAX_ID_LENGTH, TEMP_PREFIX, USER_PREFIX, check_text, validate_id
+from .state import MAX_ID_LENGTH, TEMP_PREFIX, USER_PREFIX, validate_id
 from .store import Store
 
 if TYPE_CHECKING:
@@ -115,18 +115,17 @@ def durable_session_id(app_name: str, user_id: str, session_id: str) -> str:
     ``"#<32 hex digits>/id"``.
 
     Raises:
-        InvalidArgumentError: even the hashed form is too long (an ADK id of more than
-            about 220 characters), or a part holds text no backend stores.
+        InvalidArgumentError: a part is not a string, or even the hashed form is too long
+            (an ADK id of more than about 220 characters).
     """
     for name, part in (("app_name", app_name), ("user_id", user_id), ("session_id", session_id)):
-        problem = check_text(part) if isinstance(part, str) else "is not a string"
-        if problem:
-            raise InvalidArgumentError(f"{name} {part!r} {problem}")
+        if not isinstance(part, str):
+            raise InvalidArgumentError(f"{name} must be a string, not {type(part).__name__}")
     readable = f"{_escape(app_name)}/{_escape(user_id)}/{_escape(session_id)}"
     if len(readable) <= MAX_ID_LENGTH:
         return readable
-    owner = hashlib.sha256(f"{app_name}\x00{user_id}".encode()).hexdigest()[:32]
-    hashed = f"{_HASHED}{owner}/{_escape(session_id)}"
+    owner = f"{app_name}\x00{user_id}".encode("utf-8", "surrogatepass")
+    hashed = f"{_HASHED}{hashlib.sha256(owner).hexdigest()[:32]}/{_escape(session_id)}"
     if len(hashed) > MAX_ID_LENGTH:
         raise InvalidArgumentError(f"session_id is too long ({len(session_id)} characters)")
     return hashed
@@ -143,9 +142,12 @@ def _adk_session_id(stored: Session, prefixes: dict[tuple[str, str], str]) -> st
         prefix = prefixes[owner] = f"{_escape(owner[0])}/{_escape(owner[1])}/"
     if stored.id.startswith(prefix):
         escaped = stored.id[len(prefix) :]
+        if "%" not in escaped:  # nothing escaped: most ids
+            plain = escaped and "/" not in escaped and "#" not in escaped
+            return escaped if plain else None
         session_id = _unescape(escaped)
         # The readable form names one (app, user, id): only if it is the canonical escape.
-        return session_id if session_id and _escape(session_id) == escaped else None
+        return session_id if _escape(session_id) == escaped else None
     if not stored.id.startswith(_HASHED):
         return None
     session_id = _unescape(stored.id.rpartition("/")[2])

@@ -957,6 +957,22 @@ async def test_a_change_made_through_the_library_makes_the_session_stale(
     await service.append_event(fresh, user_event())
 
 
+async def test_a_session_object_of_a_deleted_and_recreated_id_is_stale(
+    service: DurableSessionService,
+) -> None:
+    old = await service.create_session(app_name=APP, user_id="u", session_id="s1")
+    await service.delete_session(app_name=APP, user_id="u", session_id="s1")
+    await service.create_session(app_name=APP, user_id="u", session_id="s1", state={"new": 1})
+    # Same id, same version number: another session all the same.
+    with pytest.raises(StaleSessionError):
+        await service.append_event(old, delta_event({"k": 1}))
+    fresh = await service.get_session(app_name=APP, user_id="u", session_id="s1")
+    assert fresh is not None
+    assert fresh.events == []
+    assert fresh.state == {"new": 1}
+    await service.append_event(fresh, user_event())
+
+
 async def test_appending_to_a_deleted_or_unknown_session_raises_not_found(
     service: DurableSessionService,
 ) -> None:

@@ -158,9 +158,10 @@ def _adk_session_id(stored: Session, prefixes: dict[tuple[str, str], str]) -> st
     return session_id if expected == stored.id else None
 
 
-def _marker(org_id: str, version: int) -> str:
-    """The revision marker of a session this service loaded: its version and organisation."""
-    return f"{_MARKER_PREFIX}{version}:{org_id}"
+def _marker(org_id: str, version: int, incarnation: str) -> str:
+    """The revision marker of a session this service loaded: its version, the life of its
+    id (a session deleted and created again under the same id is another) and organisation."""
+    return f"{_MARKER_PREFIX}{version}:{incarnation}:{org_id}"
 
 
 def _not_found(session_id: str) -> AdkSessionNotFoundError:
@@ -251,7 +252,7 @@ def _to_adk(stored: Session, session_id: str, events: list[AdkEvent], updated: f
             "events": events,
             "last_update_time": updated,
         },
-        _storage_update_marker=_marker(stored.org_id, stored.version),
+        _storage_update_marker=_marker(stored.org_id, stored.version, stored.incarnation),
     )
 
 
@@ -462,12 +463,14 @@ class DurableSessionService(BaseSessionService):
             undo()
             raise
         session.state.update(temp)  # for the rest of the invocation, as ADK does
-        version = await self._check_current(org_id, session)
+        version, incarnation = await self._check_current(org_id, session)
         try:
             durable_id = durable_session_id(session.app_name, session.user_id, session.id)
             # The store checks the version in the same statement as the append, so a writer
             # in another process holding the same revision cannot slip in between.
-            await self.store.append_event(org_id, durable_id, record, expected_version=version)
+            await self.store.append_event(
+                org_id, durable_id, record, expected_version=version, incarnation=incarnation
+            )
         except InvalidStateError:
             undo()
             raise
@@ -475,25 +478,26 @@ class DurableSessionService(BaseSessionService):
             raise _not_found(session.id) from None
         except StaleSessionError:
             raise _STALE_ERROR(_STALE_MESSAGE) from None
-        session._storage_update_marker = _marker(org_id, version + 1)
+        session._storage_update_marker = _marker(org_id, version + 1, incarnation)
         session.last_update_time = record.timestamp.timestamp()
         if event.actions and event.actions.state_delta:
             session.state.update(event.actions.state_delta)
         session.events.append(event)
         return event
 
-    async def _check_current(self, org_id: str, session: AdkSession) -> int:
-        """Return the version ``session`` was loaded at, or raise if it is not current.
+    async def _check_current(self, org_id: str, session: AdkSession) -> tuple[int, str]:
+        """Return the version and incarnation ``session`` was loaded at, or raise if it is
+        not current.
 
-        A session this service loaded carries its version: the store checks it when
-        appending, with no read first. Any other session object is checked against storage.
+        A session this service loaded carries both: the store checks them when appending,
+        with no read first. Any other session object is checked against storage.
         """
         marker = session._storage_update_marker or ""
         if marker.startswith(_MARKER_PREFIX):
-            version, _, marked_org = marker[len(_MARKER_PREFIX) :].partition(":")
+            version, incarnation, marked_org = marker[len(_MARKER_PREFIX) :].split(":", 2)
             if marked_org != org_id:
                 raise _not_found(session.id)  # loaded in another organisation
-            return int(version)
+            return int(version), incarnation
         # A session object this service did not load: current if it ends with the newest
         # stored event (or both have none), as ADK's database service checks.
         stored = await self._load(org_id, session.app_name, session.user_id, session.id, 1)
@@ -503,7 +507,7 @@ class DurableSessionService(BaseSessionService):
         known = session.events[-1].id if session.events else None
         if newest != known:
             raise _STALE_ERROR(_STALE_MESSAGE)
-        return stored.version
+        return stored.version, stored.incarnation
 
 
 _IMPORTING = {"AdkImportCounts", "AdkImportError", "import_adk"}

@@ -1,11 +1,13 @@
 """adk_adapter.md: Google ADK's DatabaseSessionService beside durable-sessions' ADK adapter.
 
-    python -m benchmarks.adk_report RESULTS_JSON [--out benchmarks/results/adk_adapter.md]
+    python -m benchmarks.adk_report RESULTS_JSON [--before RESULTS_JSON]
+        [--out benchmarks/results/adk_adapter.md]
 
 Reads the side-by-side rows of a ``python -m benchmarks`` (``nox -s bench``) run, in which
 both services get exactly the same ADK calls in one process, and writes one table per
 backend and concurrency: throughput, latency and statements of each ADK call, and the
-adapter's throughput over ADK's against the 5x target.
+adapter's throughput over ADK's against the 5x target. With ``--before``, an earlier run's
+adapter/ADK ratio is shown beside it (each ratio within its own run).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ def _row(rows: list[dict[str, Any]], impl: str, **key: Any) -> dict[str, Any] | 
     return None
 
 
-def render(results: dict[str, Any]) -> str:
+def render(results: dict[str, Any], before: dict[str, Any] | None = None) -> str:
     rows = results["side_by_side"]
+    earlier = before["side_by_side"] if before else []
     lines = [
         "# Google ADK's DatabaseSessionService and durable-sessions' ADK adapter",
         "",
@@ -49,20 +52,23 @@ def render(results: dict[str, Any]) -> str:
         "noisy 2-core machine move between runs; the ratios are within one run.",
         "",
     ]
-    for meta_key in sorted(results["runs"]):
-        if meta_key.startswith("side_by_side/"):
-            meta = results["runs"][meta_key]
-            lines.append(f"- `{meta_key}`: {meta['when']}, `{meta['command']}`")
+    for label, run in (("before", before), ("", results)):
+        for meta_key in sorted(run["runs"] if run else ()):
+            if meta_key.startswith("side_by_side/"):
+                meta = run["runs"][meta_key]
+                name = f"{label} `{meta_key}`" if label else f"`{meta_key}`"
+                lines.append(f"- {name}: {meta['when']}, `{meta['command']}`")
     lines.append("")
     combos = sorted({(r["backend"], r["concurrency"]) for r in rows}, key=lambda c: (c[0], c[1]))
     for backend, concurrency in combos:
         tasks = "sequential" if concurrency == 1 else f"{concurrency} concurrent tasks"
+        then = " | adapter/ADK before" if earlier else ""
         lines += [
             f"## {backend}, {tasks}",
             "",
             "| ADK call | ops/s ADK | ops/s adapter | adapter/ADK | p50 ms ADK / adapter "
-            "| stmts/op ADK / adapter | CPU us/op ADK / adapter |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            f"| stmts/op ADK / adapter | CPU us/op ADK / adapter{then} |",
+            "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if earlier else ""),
         ]
         for workload in WORKLOADS:
             key = {"backend": backend, "concurrency": concurrency, "workload": workload}
@@ -75,10 +81,18 @@ def render(results: dict[str, Any]) -> str:
                 "-" if r["statements_per_op"] is None else f"{r['statements_per_op']:.1f}"
                 for r in (adk, ours)
             )
+            old = ""
+            if earlier:
+                was_adk = _row(earlier, "google-adk", **key)
+                was_ours = _row(earlier, "adk-adapter", **key)
+                if was_adk and was_ours and was_adk["ops_per_sec"]:
+                    old = f" {was_ours['ops_per_sec'] / was_adk['ops_per_sec']:.2f}x |"
+                else:
+                    old = " - |"
             lines.append(
                 f"| {CALLS[workload]} | {adk['ops_per_sec']:,.0f} | {ours['ops_per_sec']:,.0f} "
                 f"| {ratio:.2f}x {mark} | {adk['p50_ms']:.2f} / {ours['p50_ms']:.2f} "
-                f"| {stmts} | {adk['cpu_us_per_op']:,.0f} / {ours['cpu_us_per_op']:,.0f} |"
+                f"| {stmts} | {adk['cpu_us_per_op']:,.0f} / {ours['cpu_us_per_op']:,.0f} |{old}"
             )
         lines.append("")
     return "\n".join(lines)
@@ -87,9 +101,12 @@ def render(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.adk_report")
     parser.add_argument("results", type=Path, help="a results.json of python -m benchmarks")
+    parser.add_argument("--before", type=Path, help="an earlier run's results.json")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/adk_adapter.md"))
     args = parser.parse_args(argv)
-    args.out.write_text(render(json.loads(args.results.read_text())), encoding="utf-8")
+    before = json.loads(args.before.read_text()) if args.before else None
+    text = render(json.loads(args.results.read_text()), before)
+    args.out.write_text(text, encoding="utf-8")
     print(f"written to {args.out}")
     return 0
 

@@ -13,6 +13,10 @@ from .errors import InvalidArgumentError, InvalidStateError
 __all__ = [
     "APP_PREFIX",
     "DEFAULT_MAX_VALUE_BYTES",
+    "MAX_ID_BYTES",
+    "MAX_ID_LENGTH",
+    "MAX_KEY_BYTES",
+    "MAX_KEY_LENGTH",
     "TEMP_PREFIX",
     "USER_PREFIX",
     "Scope",
@@ -38,8 +42,23 @@ TEMP_PREFIX = "temp:"
 
 Scope = Literal["private", "user", "app", "temp"]
 
-MAX_KEY_LENGTH = 1024
 MAX_ID_LENGTH = 255
+"""The most characters (code points) an id may have: org, session, user, event ids, app names."""
+MAX_ID_BYTES = 512
+"""The most bytes an id may have as UTF-8 (128 characters of 4 bytes, 255 of up to 2)."""
+MAX_KEY_LENGTH = 1024
+"""The most characters a state key may have, its scope prefix included."""
+MAX_KEY_BYTES = 1024
+"""The most bytes a state key may have as UTF-8, its scope prefix included.
+
+Both byte limits exist for Postgres, whose b-tree indexes refuse an entry over 2,704 bytes
+(8 kB pages). The widest entry is ``ds_user_state``'s primary key (org_id, app_name,
+user_id, key): an 8-byte header, three ids of at most 512 bytes behind 4-byte lengths and
+alignment, and a key of at most 1,019 bytes (the ``user:`` prefix is not stored) come to
+2,584 bytes at most, 120 under the limit (a key of 1,144 bytes would be the most it takes).
+Every other index holds fewer or narrower fields. SQLite and memory have no such limit, and
+refuse the same ids and keys, so that what one store holds every store holds.
+"""
 MAX_DEPTH = 64
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
 """Stores refuse a state value or event content larger than this (1 MiB) unless told otherwise."""
@@ -60,11 +79,18 @@ def check_text(text: str) -> str | None:
     """Return why ``text`` cannot be stored in every backend, or None when it can."""
     if "\x00" in text:
         return "contains the NUL character \\u0000, which Postgres cannot store"
+    if text.isascii():
+        return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         return "contains a lone surrogate, which is not valid Unicode"
     return None
+
+
+def _utf8_size(text: str) -> int:
+    """The length of ``text`` in UTF-8 bytes (valid Unicode: ``check_text`` passed)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 def validate_id(name: str, value: object, *, allow_empty: bool = False) -> str:
@@ -78,6 +104,12 @@ def validate_id(name: str, value: object, *, allow_empty: bool = False) -> str:
     problem = check_text(value)
     if problem:
         raise InvalidArgumentError(f"{name} {value!r} {problem}")
+    size = _utf8_size(value)
+    if size > MAX_ID_BYTES:
+        raise InvalidArgumentError(
+            f"{name} is {size} bytes as UTF-8, over the limit of {MAX_ID_BYTES} bytes "
+            f"(ids have at most {MAX_ID_LENGTH} characters and {MAX_ID_BYTES} bytes)"
+        )
     return value
 
 
@@ -94,6 +126,14 @@ def validate_key(key: object) -> str:
     problem = check_text(key)
     if problem:
         raise InvalidStateError(key, f"the key {problem}")
+    size = _utf8_size(key)
+    if size > MAX_KEY_BYTES:
+        raise InvalidStateError(
+            key[:40] + "...",
+            f"the key is {size} bytes as UTF-8, over the limit of {MAX_KEY_BYTES} bytes "
+            f"(keys have at most {MAX_KEY_LENGTH} characters and {MAX_KEY_BYTES} bytes, "
+            "scope prefix included)",
+        )
     return key
 
 

@@ -35,7 +35,7 @@ from durable_sessions import (
     StoreUnavailableError,
 )
 from durable_sessions.model import utcnow
-from durable_sessions.sql import store as sql_store
+from durable_sessions.sql import statements as sql_statements
 from reliability.figures import Figures
 from sqlhelpers import SQL_BACKENDS, raw_pg
 
@@ -50,7 +50,7 @@ HOLD = 0.5  # seconds the other connection keeps its session locked
 
 @pytest.fixture(autouse=True)
 def _small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sql_store, "_BATCH", BATCH)
+    monkeypatch.setattr(sql_statements, "BATCH", BATCH)
 
 
 # -- counting through a connection of its own --------------------------------------------------

@@ -1,0 +1,456 @@
+"""Postgres: its own statements (whole operations as one statement) and its writes."""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Select,
+    Text,
+    and_,
+    bindparam,
+    case,
+    cast,
+    column,
+    delete,
+    extract,
+    func,
+    insert,
+    literal,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.selectable import CTE
+
+from ..errors import SessionExistsError, SessionNotFoundError, StaleSessionError
+from ..model import Event, Session
+from ..prepare import FORKED_FROM
+from ..state import ScopedDelta
+from .dialect import DialectOps
+from .programs import (
+    Job,
+    Programs,
+    event_from_array,
+    session_with_state,
+    shared_items,
+    shared_params,
+)
+from .runner import Program, Query
+from .schema import JSONValue, UTCDateTime, app_state, events, user_state
+from .statements import (
+    APP_KEY,
+    EVENT_COLUMNS,
+    EVENTS_KEY,
+    META,
+    NOW,
+    SESSION_KEY,
+    USER_KEY,
+    S,
+    Statements,
+)
+
+__all__ = ["PostgresPrograms", "PostgresStatements"]
+
+
+class PostgresStatements(Statements):
+    """Postgres's statements: whole operations as one statement each (data-modifying CTEs)."""
+
+    def __init__(self, ops: DialectOps, dialect: Dialect) -> None:
+        super().__init__(ops, dialect)
+        c = self.compile
+        # save: the version-checked update of the session row and every shared change.
+        saved = self._update().returning(S.c.version, S.c.app_name, S.c.user_id).cte("saved")
+        self.pg_update = c(select(saved.c.version).add_cte(*self._shared_writes(saved)))
+
+        # append_event: seq, counters and private merge, the event row, the shared delta.
+        moved = self._append(merge=True).returning(*self._append_returning()).cte("moved")
+        event_row = select(
+            bindparam("k_org"),
+            bindparam("k_id"),
+            moved.c.event_seq,
+            bindparam("e_id"),
+            bindparam("e_author"),
+            bindparam("e_invocation_id"),
+            bindparam("e_content", type_=JSONValue),
+            bindparam("e_state_delta", type_=JSONValue),
+            bindparam("v_tokens"),
+            bindparam("e_timestamp", type_=UTCDateTime),
+        ).select_from(moved)
+        added = insert(events).from_select(
+            ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], event_row
+        )
+        # Event deltas only set keys, so the append needs no deletes.
+        writes = self._shared_writes(moved, deletes=False)
+        self.pg_append = c(select(moved.c.event_seq).add_cte(added.cte("added"), *writes))
+
+        # create: the session row (unless the id is taken), its shared state, and the shared
+        # state that already existed (the statement's snapshot predates its own writes).
+        row = {col.name: bindparam(col.name, type_=col.type) for col in S.c}
+        created = (
+            self.ops.insert(S)
+            .values(row)
+            .on_conflict_do_nothing()  # type: ignore[attr-defined]
+            .returning(S.c.app_name, S.c.user_id)
+            .cte("created")
+        )
+        count = select(func.count()).select_from(created).scalar_subquery().label("created")
+        self.pg_create = c(
+            select(
+                count,
+                self._user_agg(bindparam("org_id"), bindparam("app_name"), bindparam("user_id")),
+                self._app_agg(bindparam("org_id"), bindparam("app_name")),
+            ).add_cte(*self._shared_writes(created, deletes=False))
+        )
+        # delete: the transcript and the session row together.
+        gone = delete(events).where(EVENTS_KEY).cte("gone")
+        self.pg_delete = c(delete(S).where(SESSION_KEY).returning(S.c.id).add_cte(gone))
+        self.pg_fork = c(self._pg_fork())
+        self.pg_append_many = c(self._pg_append_many())
+        self.pg_lock_session = c(select(S.c.version).where(SESSION_KEY).with_for_update())
+        self.pg_truncate = c(self._pg_truncate())
+        self.lock_timeout = c(
+            select(
+                func.set_config(literal("lock_timeout"), bindparam("v_wait", type_=Text), true())
+            )
+        )
+
+    def locked(self, query: Select[Any]) -> Select[Any]:
+        """``query ... FOR UPDATE``."""
+        return query.with_for_update()
+
+    def pg_get_with_events(self, has_after: bool, has_limit: bool) -> Any:
+        """Postgres: a session, its shared state and its events in one statement.
+
+        The events come as one jsonb array of ``[seq, id, author, invocation_id, content,
+        state_delta, tokens, epoch microseconds]`` rows, oldest first.
+        """
+        chosen = self.events_query(has_after, has_limit).subquery("chosen")
+        micros = cast(extract("epoch", chosen.c.timestamp) * 1_000_000, BigInteger)
+        item = func.jsonb_build_array(
+            *[chosen.c[col.name] for col in EVENT_COLUMNS if col.name != "timestamp"], micros
+        )
+        transcript = (
+            select(func.jsonb_agg(aggregate_order_by(item, chosen.c.seq)))
+            .scalar_subquery()
+            .label("events")
+        )
+        user_agg = self._user_agg(S.c.org_id, S.c.app_name, S.c.user_id)
+        app_agg = self._app_agg(S.c.org_id, S.c.app_name)
+        return select(*META, S.c.state, user_agg, app_agg, transcript).where(SESSION_KEY)
+
+    def event_contents(self, has_limit: bool) -> Any:
+        """A session's event contents, oldest first, as ONE JSON array in one text value."""
+        rows = self.chosen_contents(has_limit)
+        # json_agg of jsonb values: their canonical text, joined; no jsonb re-parse.
+        whole = func.json_agg(aggregate_order_by(rows.c.content, rows.c.seq))
+        return select(cast(whole, Text).label("contents"))
+
+    def _shared_writes(self, driver: CTE, *, deletes: bool = True) -> list[CTE]:
+        """Upserts and deletes of shared keys, done only when ``driver`` returned its row.
+
+        ``driver`` is the CTE of the operation's own write (insert or update of the session
+        row) returning ``app_name`` and ``user_id``: if it wrote nothing (a stale version,
+        an existing id, an unknown session), neither do these.
+        """
+        ops = self.ops
+        ctes: list[CTE] = []
+        for table, name, keys, scope in (
+            (user_state, "user", USER_KEY, [driver.c.app_name, driver.c.user_id]),
+            (app_state, "app", APP_KEY, [driver.c.app_name]),
+        ):
+            pairs = func.jsonb_each(bindparam(f"v_{name}_set", type_=JSONValue)).table_valued(
+                column("key", Text), column("value", JSONB)
+            )
+            rows = select(bindparam("k_org"), *scope, pairs.c.key, pairs.c.value, NOW)
+            rows = rows.select_from(driver).join(pairs, true())
+            upsert = ops.on_conflict_update(
+                ops.insert(table).from_select([*keys, "value", "updated_at"], rows),
+                keys,
+                ["value", "updated_at"],
+            )
+            ctes.append(upsert.cte(f"{name}_set"))
+            if not deletes:
+                continue
+            where = [table.c.org_id == bindparam("k_org")]
+            where.append(table.c.app_name == select(driver.c.app_name).scalar_subquery())
+            if name == "user":
+                where.append(table.c.user_id == select(driver.c.user_id).scalar_subquery())
+            where.append(ops.in_list(table.c.key, f"v_{name}_deleted"))
+            # Only while the key holds the value the saved copy read (compared as jsonb's
+            # canonical text): a key absent when the save checked it and set by another
+            # writer since is that writer's newer value, not this delete's.
+            expected = cast(bindparam(f"v_{name}_expected", type_=JSONValue), JSONB)
+            read = expected.op("->", return_type=JSONB)(table.c.key)
+            where.append(cast(table.c.value, Text) == cast(read, Text))
+            ctes.append(delete(table).where(*where).cte(f"{name}_deleted"))
+        return ctes
+
+    def _pg_fork(self) -> Any:
+        """Postgres: fork as one statement. The child row is made from the parent's, the
+        transcript copied when asked, and the child returned with its shared state. One
+        statement sees one snapshot, so the copied events and ``event_seq`` agree without
+        locking the parent. No row back: the parent is missing or the child id is taken."""
+        with_events = bindparam("v_with_events", type_=Boolean)
+        parent = select(S).where(SESSION_KEY).cte("parent")
+        record = func.jsonb_build_object(literal(FORKED_FROM), bindparam("k_id", type_=Text))
+        counted = [
+            case((with_events, parent.c[name]), else_=literal(0, BigInteger))
+            for name in ("message_count", "token_total", "event_seq")
+        ]
+        row = select(
+            bindparam("k_org"),
+            bindparam("k_child", type_=Text),
+            parent.c.user_id,
+            parent.c.app_name,
+            parent.c.title,
+            parent.c.state.op("||", return_type=JSONValue)(record),
+            bindparam("k_id"),
+            NOW,
+            NOW,
+            *counted,
+            literal(1, BigInteger),
+            bindparam("v_child_incarnation", type_=Text),
+        ).select_from(parent)
+        columns = [
+            "org_id", "id", "user_id", "app_name", "title", "state", "parent_id", "created_at",
+            "updated_at", "message_count", "token_total", "event_seq", "version", "incarnation",
+        ]  # fmt: skip
+        child = (
+            self.ops.insert_if_absent(S)
+            .from_select(columns, row)
+            .returning(*META, S.c.state)
+            .cte("child")
+        )
+        transcript = select(events.c.org_id, child.c.id, *EVENT_COLUMNS).where(
+            EVENTS_KEY, with_events, events.c.org_id == child.c.org_id
+        )
+        copied = insert(events).from_select(
+            ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], transcript
+        )
+        return select(
+            *[child.c[col.name] for col in META],
+            child.c.state,
+            self._user_agg(child.c.org_id, child.c.app_name, child.c.user_id),
+            self._app_agg(child.c.org_id, child.c.app_name),
+        ).add_cte(copied.cte("copied"))
+
+    def _pg_append_many(self) -> Any:
+        """Postgres: a whole batch append as one statement.
+
+        ``v_batch`` is a JSON array of events (``id``, ``author``, ``invocation_id``,
+        ``content``, ``state_delta``, ``tokens``, ``timestamp`` as ISO text), stored in
+        order with consecutive seqs ending at the session's new ``event_seq``.
+        """
+        moved = self.append_many(merge=True).cte("moved")
+        batch = (
+            func.jsonb_array_elements(bindparam("v_batch", type_=JSONValue))
+            .table_valued(column("value", JSONB), with_ordinality="n")
+            .render_derived()
+        )
+        item = batch.c.value
+
+        def text(name: str) -> Any:
+            return item.op("->>", return_type=Text)(literal(name, Text))
+
+        def json(name: str) -> Any:
+            return item.op("->", return_type=JSONValue)(literal(name, Text))
+
+        rows = (
+            select(
+                bindparam("k_org"),
+                bindparam("k_id"),
+                moved.c.event_seq - bindparam("v_count", type_=BigInteger) + batch.c.n,
+                text("id"),
+                text("author"),
+                text("invocation_id"),
+                json("content"),
+                json("state_delta"),
+                cast(text("tokens"), BigInteger),
+                cast(text("timestamp"), UTCDateTime),
+            )
+            .select_from(moved)
+            .join(batch, true())
+        )
+        added = insert(events).from_select(
+            ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], rows
+        )
+        writes = self._shared_writes(moved, deletes=False)
+        return select(moved.c.event_seq).add_cte(added.cte("added"), *writes)
+
+    def _pg_truncate(self) -> Any:
+        """Postgres: a truncation as one statement; the removed events come back as one
+        jsonb array (as ``pg_get_with_events`` returns them), oldest first.
+
+        The statement reads the transcript in its snapshot, and updates the session row
+        only if the row's version is still the one that snapshot saw (a concurrent writer
+        that committed meanwhile moved it on): then the snapshot's events are the current
+        ones, and the row lock held from then on keeps them so. No row back: no session,
+        a failed guard, or such a race; run it again after ``pg_lock_session`` in one
+        transaction, where it cannot lose the race.
+        """
+        after = bindparam("k_after_seq", type_=BigInteger)
+        seen = select(S.c.version).where(SESSION_KEY).cte("seen").prefix_with("MATERIALIZED")
+        doomed = and_(EVENTS_KEY, events.c.seq > after)
+        count = select(func.count()).where(doomed).scalar_subquery()
+        tokens = select(func.coalesce(func.sum(events.c.tokens), 0)).where(doomed)
+        zero = literal(0, BigInteger)
+        cut = (
+            update(S)
+            .where(self.truncate_guard(), S.c.version == seen.c.version)
+            .values(
+                event_seq=case((S.c.event_seq > after, after), else_=S.c.event_seq),
+                message_count=func.greatest(S.c.message_count - count, zero),
+                token_total=func.greatest(S.c.token_total - tokens.scalar_subquery(), zero),
+                updated_at=NOW,
+                version=S.c.version + 1,
+            )
+            .returning(S.c.version)
+            .cte("cut")
+        )
+        removed = (
+            delete(events)
+            .where(doomed, select(cut.c.version).exists())
+            .returning(*EVENT_COLUMNS)
+            .cte("removed")
+        )
+        micros = cast(extract("epoch", removed.c.timestamp) * 1_000_000, BigInteger)
+        item = func.jsonb_build_array(
+            *[removed.c[col.name] for col in EVENT_COLUMNS if col.name != "timestamp"], micros
+        )
+        transcript = (
+            select(func.jsonb_agg(aggregate_order_by(item, removed.c.seq)))
+            .scalar_subquery()
+            .label("events")
+        )
+        return select(cut.c.version, transcript)
+
+
+class PostgresPrograms(Programs):
+    """Postgres's writes: one statement each (atomic by itself: no BEGIN/COMMIT round trips),
+    but for the saves that delete shared keys and a truncation that lost a race."""
+
+    q: PostgresStatements
+
+    def lock_wait(self, wait: float) -> Program[None]:
+        yield Query(self.q.lock_timeout, {"v_wait": f"{max(1, int(wait * 1000))}ms"})
+
+    def create(self, row: dict[str, Any], delta: ScopedDelta) -> Job[tuple[Any, Any]]:
+        return Job(self._create(row, delta), "atomic")
+
+    def _create(self, row: dict[str, Any], delta: ScopedDelta) -> Program[tuple[Any, Any]]:
+        params = {**row, "k_org": row["org_id"], "v_now": row["created_at"]}
+        params.update(shared_params(delta))
+        found = (yield Query(self.q.pg_create, params)).first()
+        if not found.created:
+            raise SessionExistsError(row["org_id"], row["id"])
+        # The statement's read predates its own writes: lay the new shared keys over it.
+        return shared_items({**(found.user_state or {}), **delta.user_set},
+                            {**(found.app_state or {}), **delta.app_set})  # fmt: skip
+
+    def get_with_events(self, shape: tuple[bool, bool], params: dict[str, Any]) -> Job[Session]:
+        stmt = self.q.shape(("get+events", *shape), lambda: self.q.pg_get_with_events(*shape))
+        return Job(self._get_with_events(stmt, params), "read")
+
+    def _get_with_events(self, stmt: Any, params: dict[str, Any]) -> Program[Session]:
+        row = (yield Query(stmt, params)).first()
+        if row is None:
+            raise SessionNotFoundError(params["k_org"], params["k_id"])
+        session = session_with_state(row)
+        session.events = [event_from_array(item) for item in row.events or ()]
+        return session
+
+    def update(self, params: dict[str, Any], delta: ScopedDelta) -> Job[int]:
+        # A delete of a shared key is checked against the value read, under a row lock taken
+        # in the same transaction: that save needs a transaction of its own.
+        guarded = bool(delta.user_deleted or delta.app_deleted)
+        return Job(self._update(params, delta, guarded), "write" if guarded else "atomic")
+
+    def _update(self, params: dict[str, Any], delta: ScopedDelta, guarded: bool) -> Program[int]:
+        if guarded:
+            yield from self.check_shared_deletes(params, delta)
+        done = (yield Query(self.q.pg_update, {**params, **shared_params(delta)})).first()
+        if done is None:
+            yield from self.stale(params)
+        return int(done.version)
+
+    def delete(self, org_id: str, session_id: str) -> Job[None]:
+        return Job(self._delete({"k_org": org_id, "k_id": session_id}), "atomic")
+
+    def _delete(self, key: dict[str, Any]) -> Program[None]:
+        if not (yield Query(self.q.pg_delete, key)).rowcount:
+            raise SessionNotFoundError(key["k_org"], key["k_id"])
+
+    def append(self, params: dict[str, Any], stored: Event, delta: ScopedDelta) -> Job[int]:
+        params.update(shared_params(delta))
+        params.update(
+            v_private_delta=delta.private_set, e_id=stored.id, e_author=stored.author,
+            e_invocation_id=stored.invocation_id, e_content=stored.content,
+            e_state_delta=stored.state_delta, e_timestamp=stored.timestamp,
+        )  # fmt: skip
+        return Job(self._append(params), "atomic")
+
+    def _append(self, params: dict[str, Any]) -> Program[int]:
+        row = (yield Query(self.q.pg_append, params)).first()
+        if row is None:
+            yield from self.stale(params)
+        return int(row.event_seq)
+
+    def append_many(
+        self, params: dict[str, Any], stored: builtins.list[Event], delta: ScopedDelta
+    ) -> Job[int]:
+        params.update(shared_params(delta))
+        params["v_private_delta"] = delta.private_set
+        params["v_batch"] = [
+            {"id": e.id, "author": e.author, "invocation_id": e.invocation_id,
+             "content": e.content, "state_delta": e.state_delta, "tokens": e.tokens,
+             "timestamp": e.timestamp.isoformat()}
+            for e in stored
+        ]  # fmt: skip
+        return Job(self._append_many(params), "atomic")
+
+    def _append_many(self, params: dict[str, Any]) -> Program[int]:
+        for _ in range(3):
+            row = (yield Query(self.q.pg_append_many, params)).first()
+            if row is not None:
+                return int(row.event_seq)
+            # Nothing written: raise why, unless the session only became visible after the
+            # statement's snapshot (created meanwhile); then the append is tried again.
+            yield from self.check_guard(params)
+        raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
+
+    def fork(self, params: dict[str, Any]) -> Job[Session]:
+        return Job(self._fork(params), "atomic")
+
+    def _fork(self, params: dict[str, Any]) -> Program[Session]:
+        child = (yield Query(self.q.pg_fork, params)).first()
+        if child is None:
+            yield from self.require(params["k_org"], params["k_id"])  # the parent is missing
+            raise SessionExistsError(params["k_org"], params["k_child"])
+        return session_with_state(child)
+
+    def truncate(self, params: dict[str, Any]) -> builtins.list[Job[builtins.list[Event] | None]]:
+        # One statement; a second, locked attempt only if a concurrent write landed while it
+        # ran (see PostgresStatements._pg_truncate).
+        return [
+            Job(self._truncate(params, locked=False), "atomic"),
+            Job(self._truncate(params, locked=True), "write"),
+        ]
+
+    def _truncate(
+        self, params: dict[str, Any], *, locked: bool
+    ) -> Program[builtins.list[Event] | None]:
+        if locked:
+            yield Query(self.q.pg_lock_session, params)
+        row = (yield Query(self.q.pg_truncate, params)).first()
+        if row is None:
+            yield from self.check_guard(params)
+            if not locked:
+                return None
+            raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
+        return [event_from_array(item) for item in row.events or ()]

@@ -1,0 +1,293 @@
+"""The store's operations as programs, and the rows they read shaped into sessions and events.
+
+A program is a generator that yields queries and receives their results (see ``runner``);
+the runner of the engine's driver drives it. ``Programs`` holds what both dialects run the
+same way; ``SQLitePrograms`` and ``PostgresPrograms`` write the rest in each dialect's shape
+(a transaction of steps on SQLite, one statement on Postgres), each returning a ``Job``: the
+program and how the runner must run it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from ..errors import SessionNotFoundError, StaleSessionError
+from ..model import Event, Session
+from ..prepare import RECREATED, check_counters, check_shared_deletes, merge_state
+from ..state import ScopedDelta
+from .runner import Mode, Program, Query
+from .statements import Retention, Statements
+
+__all__ = [
+    "Job",
+    "Programs",
+    "event_from_array",
+    "event_from_row",
+    "session_from_row",
+    "session_with_state",
+    "shared_items",
+]
+
+T = TypeVar("T")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+class Job(NamedTuple, Generic[T]):
+    """A program and the mode the runner drives it in (see ``runner.Mode``)."""
+
+    program: Program[T]
+    mode: Mode
+
+
+# -- result shaping ---------------------------------------------------------------------------
+
+
+def shared_items(user: dict[str, Any] | None, app: dict[str, Any] | None) -> tuple[Any, Any]:
+    """The (key, value) pairs of aggregated user and app state (None when there are none)."""
+    return (user or {}).items(), (app or {}).items()
+
+
+def session_from_row(row: Any, state: dict[str, Any] | None = None) -> Session:
+    """A session from a row of ``META`` columns, with ``state`` as read (or none)."""
+    session = Session(
+        id=row.id,
+        org_id=row.org_id,
+        user_id=row.user_id,
+        app_name=row.app_name,
+        title=row.title,
+        state=state or {},
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        message_count=row.message_count,
+        token_total=row.token_total,
+        version=row.version,
+        parent_id=row.parent_id,
+        incarnation=row.incarnation,
+    )
+    if state is not None:
+        session.mark_persisted()
+    return session
+
+
+def session_with_state(row: Any) -> Session:
+    """A session from a row of ``META``, its private state and aggregated shared state."""
+    return session_from_row(
+        row, merge_state(row.state, *shared_items(row.user_state, row.app_state))
+    )
+
+
+def event_from_row(row: Any) -> Event:
+    """An event from a row of ``EVENT_COLUMNS``."""
+    return Event(
+        author=row.author,
+        content=row.content,
+        invocation_id=row.invocation_id,
+        state_delta=row.state_delta,
+        tokens=row.tokens,
+        id=row.id,
+        timestamp=row.timestamp,
+        seq=row.seq,
+    )
+
+
+def event_from_array(item: list[Any]) -> Event:
+    """An event from Postgres's ``[seq, id, author, invocation_id, content, state_delta,
+    tokens, epoch microseconds]`` array."""
+    seq, event_id, author, invocation_id, content, state_delta, tokens, micros = item
+    return Event(
+        author=author,
+        content=content,
+        invocation_id=invocation_id,
+        state_delta=state_delta,
+        tokens=tokens,
+        id=event_id,
+        timestamp=_EPOCH + timedelta(microseconds=micros),
+        seq=seq,
+    )
+
+
+def shared_params(delta: ScopedDelta) -> dict[str, Any]:
+    """The shared part of a delta as the parameters of a single-statement write."""
+    return {
+        "v_user_set": delta.user_set,
+        "v_user_deleted": sorted(delta.user_deleted),
+        "v_app_set": delta.app_set,
+        "v_app_deleted": sorted(delta.app_deleted),
+        "v_user_expected": delta.user_expected,
+        "v_app_expected": delta.app_expected,
+    }
+
+
+def _first_count(row: Any) -> int:
+    return int(row.n)
+
+
+class Programs:
+    """The programs both dialects run alike; a dialect's subclass adds the writes."""
+
+    def __init__(self, q: Statements) -> None:
+        self.q = q
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, org_id: str, session_id: str) -> Program[Session]:
+        """A session with its merged state."""
+        row = (yield Query(self.q.get, {"k_org": org_id, "k_id": session_id})).first()
+        if row is None:
+            raise SessionNotFoundError(org_id, session_id)
+        return session_with_state(row)
+
+    @staticmethod
+    def rows(stmt: Any, params: dict[str, Any], make: Any) -> Program[builtins.list[Any]]:
+        """Every row of one statement, each passed through ``make``."""
+        return [make(row) for row in (yield Query(stmt, params)).rows]
+
+    def count(self, stmt: Any, params: dict[str, Any]) -> Program[int]:
+        """The ``n`` of a counting statement."""
+        (found,) = yield from self.rows(stmt, params, _first_count)
+        return int(found)
+
+    def require(self, org_id: str, session_id: str) -> Program[int]:
+        """Raise ``SessionNotFoundError`` unless the session exists; return its version."""
+        found = (yield Query(self.q.exists, {"k_org": org_id, "k_id": session_id})).first()
+        if found is None:
+            raise SessionNotFoundError(org_id, session_id)
+        return int(found.version)
+
+    def events(self, stmt: Any, params: dict[str, Any]) -> Program[builtins.list[Event]]:
+        """A transcript read; a second statement only tells "no events" from "no session"."""
+        rows = (yield Query(stmt, params)).rows
+        if not rows:
+            yield from self.require(params["k_org"], params["k_id"])
+        return [event_from_row(row) for row in rows]
+
+    def contents(self, stmt: Any, params: dict[str, Any]) -> Program[builtins.list[Any]]:
+        """The contents of a transcript, joined by the database into one JSON array."""
+        row = (yield Query(stmt, params)).first()
+        found: builtins.list[Any] = json.loads(row.contents) if row.contents else []
+        if not found:
+            yield from self.require(params["k_org"], params["k_id"])
+        return found
+
+    # -- guarded writes ----------------------------------------------------------------------
+
+    def touch(self, params: dict[str, Any]) -> Program[Session]:
+        """Add to the counters and title an untitled session: one statement everywhere."""
+        row = (yield Query(self.q.touch, params)).first()
+        if row is None:
+            yield from self.stale(params)
+        return session_from_row(row)
+
+    def stale(self, params: dict[str, Any]) -> Program[None]:
+        """Raise why a guarded write wrote nothing: no session, another life of the id,
+        another version, or a counter that would overflow."""
+        org_id, session_id = params["k_org"], params["k_id"]
+        found = (yield Query(self.q.meta, {"k_org": org_id, "k_id": session_id})).first()
+        if found is None:
+            raise SessionNotFoundError(org_id, session_id)
+        expected = params.get("v_expected") or 0
+        if params["v_incarnation"] not in (None, found.incarnation):
+            raise StaleSessionError(org_id, session_id, expected, RECREATED)
+        if "v_tokens" in params and params.get("v_expected") in (None, found.version):
+            # touch or append_event, refused by its own guard against counter overflow
+            counters = (found.message_count, found.token_total, found.version)
+            messages = params.get("v_messages", 1)
+            check_counters(org_id, session_id, counters, messages, params["v_tokens"])
+        raise StaleSessionError(org_id, session_id, expected)
+
+    def check_guard(self, params: dict[str, Any]) -> Program[None]:
+        """Raise what a guarded write of this session would raise now, if anything."""
+        org_id, session_id = params["k_org"], params["k_id"]
+        found = (yield Query(self.q.meta, {"k_org": org_id, "k_id": session_id})).first()
+        if found is None:
+            raise SessionNotFoundError(org_id, session_id)
+        expected = params["v_expected"]
+        if params["v_incarnation"] not in (None, found.incarnation):
+            raise StaleSessionError(org_id, session_id, expected or 0, RECREATED)
+        if expected is not None and expected != found.version:
+            raise StaleSessionError(org_id, session_id, expected)
+        counters = (found.message_count, found.token_total, found.version)
+        check_counters(
+            org_id, session_id, counters, params.get("v_count", 0), params.get("v_tokens", 0)
+        )
+
+    def check_shared_deletes(self, params: dict[str, Any], delta: ScopedDelta) -> Program[None]:
+        """Lock the shared keys a save deletes and check they hold what the copy read."""
+        org_id, session_id = params["k_org"], params["k_id"]
+        owner = (yield Query(self.q.meta, {"k_org": org_id, "k_id": session_id})).first()
+        if owner is None:
+            raise SessionNotFoundError(org_id, session_id)
+        stored: builtins.list[tuple[str, str, Any]] = []
+        key = {"k_org": org_id, "k_app": owner.app_name, "k_user": owner.user_id}
+        if delta.user_expected:
+            found = yield Query(self.q.user_values, {**key, "k_keys": sorted(delta.user_expected)})
+            stored += [("user", row.key, row.value) for row in found.rows]
+        if delta.app_expected:
+            found = yield Query(self.q.app_values, {**key, "k_keys": sorted(delta.app_expected)})
+            stored += [("app", row.key, row.value) for row in found.rows]
+        check_shared_deletes(org_id, session_id, params["v_expected"], stored, delta)
+
+    # -- retention ---------------------------------------------------------------------------
+
+    def lock_wait(self, wait: float) -> Program[None]:
+        """Bound each row lock the rest of this transaction waits for (where there are any)."""
+        return
+        yield  # a program with no statements
+
+    def delete_batch(
+        self, batch: Retention, params: dict[str, Any], wait: float, last: Any
+    ) -> Program[int]:
+        """Delete up to ``BATCH`` matching sessions with their events; return how many.
+
+        When none is left, run ``last`` (if any) in the same transaction.
+        """
+        yield from self.lock_wait(wait)
+        ids = [row.id for row in (yield Query(batch.pick, params)).rows]
+        if not ids:
+            if last is not None:
+                yield Query(last, params)
+            return 0
+        yield Query(batch.drop_events, {"k_org": params["k_org"], "k_ids": ids})
+        yield Query(batch.drop_sessions, {"k_org": params["k_org"], "k_ids": ids})
+        return len(ids)
+
+    # -- the writes each dialect shapes its own way --------------------------------------------
+
+    def create(self, row: dict[str, Any], delta: ScopedDelta) -> Job[tuple[Any, Any]]:
+        """Insert a session row and its shared state; return the shared state then held."""
+        raise NotImplementedError
+
+    def get_with_events(self, shape: tuple[bool, bool], params: dict[str, Any]) -> Job[Session]:
+        """A session with its state and the events ``shape`` (after?, limit?) selects."""
+        raise NotImplementedError
+
+    def update(self, params: dict[str, Any], delta: ScopedDelta) -> Job[int]:
+        """A version-checked save of title, private state and shared delta; the new version."""
+        raise NotImplementedError
+
+    def delete(self, org_id: str, session_id: str) -> Job[None]:
+        """Delete a session and its transcript."""
+        raise NotImplementedError
+
+    def append(self, params: dict[str, Any], stored: Event, delta: ScopedDelta) -> Job[int]:
+        """Append one event and apply its delta; return its seq."""
+        raise NotImplementedError
+
+    def append_many(
+        self, params: dict[str, Any], stored: builtins.list[Event], delta: ScopedDelta
+    ) -> Job[int]:
+        """Append a batch of events; return the last seq."""
+        raise NotImplementedError
+
+    def fork(self, params: dict[str, Any]) -> Job[Session]:
+        """Create a child from a parent (and copy its transcript when asked)."""
+        raise NotImplementedError
+
+    def truncate(self, params: dict[str, Any]) -> builtins.list[Job[builtins.list[Event] | None]]:
+        """Remove the events after ``k_after_seq``: jobs to try in turn until one returns
+        the removed events (a job that returns None lost a race and leaves the next)."""
+        raise NotImplementedError

@@ -298,6 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, default=500, help="calls per path (default 500)")
     parser.add_argument("--label", default="current", help="the name this run is kept under")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument(
+        "--keep-best",
+        action="store_true",
+        help="keep, per call, the run with the least CPU among this and the label's earlier "
+        "ones (alternate runs of two labels on a shared machine, then compare the best)",
+    )
     args = parser.parse_args(argv)
     backends = ["sqlite", "postgres"] if args.backend == "all" else [args.backend]
     store = args.out / "profile_adk.json"
@@ -305,7 +311,13 @@ def main(argv: list[str] | None = None) -> int:
     entry = data.setdefault(args.label, {"when": "", "results": {}})
     for backend in backends:
         print(f"== {backend}, {args.ops} calls per path", flush=True)
-        entry["results"][backend] = asyncio.run(profile_backend(backend, args.ops, print))
+        fresh = asyncio.run(profile_backend(backend, args.ops, print))
+        kept = entry["results"].get(backend, {}) if args.keep_best else {}
+        for call, figures in fresh.items():
+            old = kept.get(call)
+            if old is None or figures["cpu"]["cpu_us"] < old["cpu"]["cpu_us"]:
+                kept[call] = figures
+        entry["results"][backend] = kept
     entry["when"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     args.out.mkdir(parents=True, exist_ok=True)
     store.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")

@@ -26,6 +26,9 @@ stored event's ``state_delta``, applied by scope (``app:``, ``user:``, private; 
 never stored). ``last_update_time`` is the newest event's timestamp (at microseconds, as
 ADK's database keeps it), or the session's ``updated_at`` before its first event and in
 ``list_sessions``. Nothing of the adapter's own is kept in the session's state.
+``get_user_state`` reads a user's ``user:`` state whether or not they have a session
+(``Store.get_shared_state``); ``import_adk`` (module ``adk_import``) copies a database
+written by ADK's ``DatabaseSessionService``.
 
 Requires the ``adk`` extra: ``pip install "durable-sessions[adk]"``.
 """

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+from pathlib import Path
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from durable_sessions import Event, Filter, Manager, SQLStore
+from durable_sessions.cli import main
 from durable_sessions.sql.transfer import (
     ImportLineError,
     count_sessions,
+    dumps,
     export_jsonl,
     import_jsonl,
 )
-from sqlhelpers import SQL_BACKENDS
+from sqlhelpers import SQL_BACKENDS, snapshot
 
 pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
 
@@ -82,3 +86,71 @@ async def test_importing_over_existing_sessions_is_refused_whole(engine: AsyncEn
     with pytest.raises(ImportLineError, match="already exists"):
         await import_jsonl(store, io.BytesIO(data))
     assert await count_sessions(store) == before
+
+
+# -- deeply nested JSON: the line's error, nothing written ----------------------------------
+
+DEEP = 100_000
+
+
+def deep(depth: int = DEEP) -> str:
+    """JSON text of a list nested ``depth`` levels deep (past Python's recursion limit)."""
+    return "[" * depth + "]" * depth
+
+
+async def tables_empty(engine: AsyncEngine) -> bool:
+    return all(not rows for rows in (await snapshot(engine)).values())
+
+
+def deep_inputs(record: bytes) -> dict[str, tuple[int, bytes]]:
+    """Each deep input, and the line whose error it must be."""
+    header = dumps({"format": "durable-sessions", "type": "header", "version": 1}).encode()
+    value = record.replace(b'"state":{}', b'"state":{"k":' + deep().encode() + b"}")
+    assert value != record
+    return {
+        "data line": (3, b"\n".join([header, record, deep().encode(), b""])),
+        "value": (2, b"\n".join([header, value, b""])),
+        "header": (1, b"\n".join([deep().encode(), record, b""])),
+    }
+
+
+SESSION = {
+    "type": "session", "org_id": "o", "id": "s", "user_id": "u", "app_name": "a", "title": "",
+    "state": {}, "parent_id": None, "created_at": "2025-01-02T03:04:05.000006Z",
+    "updated_at": "2025-01-02T03:04:05.000006Z", "message_count": 0, "token_total": 0,
+    "event_seq": 0, "version": 1,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["data line", "value", "header"])
+async def test_deeply_nested_json_is_the_line_error(engine: AsyncEngine, where: str) -> None:
+    """JSON nested 100,000 levels deep, as a whole line, inside a value or as the header,
+    is an ImportLineError naming its line (not a RecursionError), and nothing is written."""
+    store = SQLStore(engine)
+    line, data = deep_inputs(dumps(SESSION).encode())[where]
+    with pytest.raises(ImportLineError) as caught:
+        await import_jsonl(store, io.BytesIO(data))
+    assert caught.value.line == line
+    assert str(caught.value).startswith(f"line {line}: ")
+    assert await tables_empty(engine)
+
+
+@pytest.mark.parametrize("where", ["data line", "value", "header"])
+async def test_the_command_says_deeply_nested_json_in_one_line(
+    engine: AsyncEngine,
+    backend_url: str,
+    tmp_path: Path,
+    where: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    line, data = deep_inputs(dumps(SESSION).encode())[where]
+    source = tmp_path / "deep.jsonl"
+    source.write_bytes(data)
+    argv = ["--url", backend_url, "import", "-i", str(source)]
+    # The command runs its own event loop: in a thread of its own, off this test's loop.
+    assert await asyncio.to_thread(main, argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.startswith(f"durable-sessions: error: line {line}: ")
+    assert err.count("\n") == 1, err
+    assert await tables_empty(engine)

@@ -28,6 +28,7 @@ from ..model import new_id
 from ..prepare import check_title
 from ..state import (
     APP_PREFIX,
+    MAX_DEPTH,
     TEMP_PREFIX,
     USER_PREFIX,
     scope_of,
@@ -336,14 +337,25 @@ async def export_jsonl(
 # -- import --------------------------------------------------------------------------------
 
 
-def _parse(number: int, raw: bytes) -> tuple[str, dict[str, Any]]:
-    """Parse and check one line; return its record type and the row to insert."""
+def _loads(number: int, raw: bytes) -> Any:
+    """Decode one line's JSON, or raise the line's error (never a bare RecursionError)."""
     try:
-        data = json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ImportLineError(number, "not valid UTF-8") from None
     except json.JSONDecodeError as exc:
         raise ImportLineError(number, f"not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        # json gives up on nesting deeper than Python's recursion limit; no stored value
+        # is nested deeper than MAX_DEPTH, so such a line was never an export's.
+        raise ImportLineError(
+            number, f"JSON nested too deeply (stored values have at most {MAX_DEPTH} levels)"
+        ) from None
+
+
+def _parse(number: int, raw: bytes) -> tuple[str, dict[str, Any]]:
+    """Parse and check one line; return its record type and the row to insert."""
+    data = _loads(number, raw)
     if not isinstance(data, dict):
         raise ImportLineError(number, "expected a JSON object")
     kind = data.pop("type", None)
@@ -376,8 +388,8 @@ def _parse(number: int, raw: bytes) -> tuple[str, dict[str, Any]]:
 
 def _check_header(raw: bytes) -> None:
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        data = _loads(1, raw)
+    except ImportLineError:
         data = None
     if not isinstance(data, dict) or data.get("type") != "header" or data.get("format") != FORMAT:
         raise ImportLineError(1, f"not a {FORMAT} export (the first line is not its header)")

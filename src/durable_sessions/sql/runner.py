@@ -14,13 +14,14 @@ import re
 import socket
 import sqlite3
 import weakref
-from collections.abc import AsyncIterator, Generator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import QueuePool, SingletonThreadPool, StaticPool
 from sqlalchemy.util import greenlet_spawn
 
 from ..errors import SchemaNotMigratedError, SessionError, StoreError, StoreUnavailableError
@@ -193,8 +194,65 @@ def _is_disconnect(exc: BaseException) -> bool:
     return False
 
 
+# How long the cleanup after a failure may wait for the server (the acknowledgement of a
+# cancelled statement, then ROLLBACK) before it terminates the connection instead.
+_SETTLE_TIMEOUT = 10.0
+
+_Log = list[tuple[str, Any, bool]]
+
+
+async def _to_the_end(aw: Awaitable[T]) -> T:
+    """Await ``aw`` in a task of its own, to its end, even if the caller is cancelled meanwhile.
+
+    What decides a connection's fate (roll back, terminate, check in) must not be cut short
+    by a second cancellation, nor the connection reach the pool while something still uses
+    it: a cancellation that arrives meanwhile is raised once ``aw`` has finished.
+    """
+    task = asyncio.ensure_future(aw)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait((task,))
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller's cancellation is what propagates
+        raise cancelled
+    return task.result()
+
+
+def _cancel_requests(task: asyncio.Task[Any] | None) -> int:
+    """The cancellations requested of ``task`` and not yet withdrawn (0 before Python 3.11)."""
+    cancelling = getattr(task, "cancelling", None)
+    return int(cancelling()) if cancelling is not None else 0
+
+
+def _may_close_on_return(fairy: Any) -> bool:
+    """Whether checking ``fairy`` in may close a connection, which awaits the driver.
+
+    A queue pool closes a returned connection only when its queue is already full (an
+    overflow connection); other pools (null, static) may close on any return.
+    """
+    pool = getattr(fairy, "_pool", None)
+    if isinstance(pool, (StaticPool, SingletonThreadPool)):
+        return False
+    if isinstance(pool, QueuePool):
+        size = pool.size()
+        return size > 0 and pool.checkedin() >= size
+    return True
+
+
 class Runner:
-    """Drives programs on one engine; subclasses know the driver."""
+    """Drives programs on one engine; subclasses know the driver.
+
+    A borrowed connection goes back to the pool outside any transaction, or is terminated:
+    after any exit other than a normal return (an error, a cancellation at any await), the
+    runner asks the driver whether a transaction is open, rolls it back, and checks the
+    connection in, in a step that a further cancellation cannot interrupt; when it cannot
+    tell or cannot roll back, it terminates the connection. The caller's exception,
+    ``CancelledError`` included, is re-raised unchanged.
+    """
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -203,7 +261,7 @@ class Runner:
         """Run ``program`` and return its value; raise the library's errors on failure."""
         raise NotImplementedError
 
-    def _emit(self, conn: AsyncConnection, log: list[tuple[str, Any, bool]]) -> None:
+    def _emit(self, conn: AsyncConnection, log: _Log) -> None:
         # Tools that watch SQLAlchemy's cursor events (tracing, statement counting) still
         # see every statement, although it bypassed SQLAlchemy's execution layer.
         dispatch = self.engine.sync_engine.dispatch
@@ -215,26 +273,85 @@ class Runner:
     def _watched(self) -> bool:
         return bool(self.engine.sync_engine._has_events)
 
-    @asynccontextmanager
-    async def _borrow(self) -> AsyncIterator[tuple[Any, list[tuple[str, Any, bool]] | None]]:
-        """Borrow a pooled connection: yield the pool's proxy and, when something listens
-        to the engine's cursor events, a log of the statements to tell it about."""
-        if self._watched():
-            async with self.engine.connect() as conn:
-                raw = await conn.get_raw_connection()
-                log: list[tuple[str, Any, bool]] = []
-                try:
-                    yield raw, log
-                finally:
-                    self._emit(conn, log)
-            return
-        # Straight from the pool (its checkout events, pre-ping and reset still apply),
-        # without an engine Connection around it: one greenlet hop each way.
-        fairy = await greenlet_spawn(self.engine.sync_engine.pool.connect)
+    async def _checkout(self) -> tuple[Any, AsyncConnection | None]:
+        """Borrow a pooled connection: the pool's proxy and, when something listens to the
+        engine's cursor events, the engine Connection to tell them through.
+
+        A cancellation while the pool connects is the pool's to clean up; once this has
+        returned, nothing awaits before the caller's ``try`` takes the connection over.
+        """
+        task = asyncio.current_task()
+        requests = _cancel_requests(task)
+        fairy, conn = await self._connect()
+        if _cancel_requests(task) > requests:
+            # The task was cancelled while the pool handed the connection out, and the pool
+            # swallowed the cancellation (SQLAlchemy 2.0's pool queue waits in
+            # asyncio.wait_for, which does on Python 3.11 when its wait is over meanwhile).
+            try:
+                await asyncio.sleep(0)  # one still pending is delivered here
+                raise asyncio.CancelledError
+            except BaseException:
+                await self._checkin(fairy, conn, None)
+                raise
+        return fairy, conn
+
+    async def _connect(self) -> tuple[Any, AsyncConnection | None]:
+        if not self._watched():
+            # Straight from the pool (its checkout events, pre-ping and reset still apply),
+            # without an engine Connection around it: one greenlet hop each way.
+            return await greenlet_spawn(self.engine.sync_engine.pool.connect), None
+        conn = self.engine.connect()
+        await conn.start()
         try:
-            yield fairy, None
-        finally:
-            await greenlet_spawn(fairy.close)
+            return await conn.get_raw_connection(), conn
+        except BaseException:
+            await _to_the_end(conn.close())
+            raise
+
+    async def _checkin(self, fairy: Any, conn: AsyncConnection | None, log: _Log | None) -> None:
+        """Return a connection that the runner has seen outside any transaction."""
+        if conn is not None:
+            if log:
+                self._emit(conn, log)
+            await _to_the_end(conn.close())  # the engine Connection resets it as usual
+            return
+        if not fairy.is_valid:  # terminated (and returned) by _recover
+            return
+        # The pool's reset still runs (its reset events too), but its rollback is skipped:
+        # the runner has checked there is nothing to roll back, and on SQLite that rollback
+        # would cost a second thread hop per operation.
+        if _may_close_on_return(fairy):
+            await _to_the_end(greenlet_spawn(fairy._close_special, True))
+        else:  # no await inside: nothing can interrupt it
+            await greenlet_spawn(fairy._close_special, True)
+
+    async def _recover(
+        self,
+        fairy: Any,
+        conn: AsyncConnection | None,
+        log: _Log | None,
+        exc: BaseException | None,
+        restore: Callable[[Any], Awaitable[bool]] | None,
+    ) -> None:
+        """After a failure: ``restore`` leaves the driver connection outside any transaction
+        and says whether it could; then check the connection in. A connection that could not
+        be restored (or with no ``restore``) is terminated instead; the pool replaces it.
+
+        Awaited through ``_to_the_end``: a further cancellation does not interrupt it.
+        """
+        clean = False
+        try:
+            if restore is not None:
+                clean = await restore(fairy.driver_connection)
+        except Exception:
+            clean = False  # whatever failed, the connection is terminated below
+        except BaseException:  # this cleanup itself cancelled (the loop closing): no awaits
+            if fairy.is_valid:
+                fairy.invalidate(exc)  # outside a greenlet: the driver's synchronous abort
+            raise
+        if not clean and fairy.is_valid:
+            await greenlet_spawn(fairy.invalidate, exc)  # the dialect's terminate
+        await self._checkin(fairy, conn, log)
 
 
 _WRITE_LOCKS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, asyncio.Lock]] = (
@@ -252,6 +369,21 @@ def _write_lock(engine: AsyncEngine) -> asyncio.Lock:
     return lock
 
 
+class _Hop:
+    """One program's trip to aiosqlite's worker thread, as both sides see it."""
+
+    __slots__ = ("abandoned", "clean", "done")
+
+    def __init__(self) -> None:
+        self.abandoned = False  # set by the event loop: the caller is gone, commit nothing
+        self.done = False  # set by the thread: it has finished with the connection
+        self.clean = False  # set by the thread: and left it outside any transaction
+
+
+class _Abandoned(Exception):
+    """The caller stopped waiting (cancelled) before the program committed."""
+
+
 class SQLiteRunner(Runner):
     """Runs a whole program in aiosqlite's worker thread: one thread hop per operation.
 
@@ -259,6 +391,10 @@ class SQLiteRunner(Runner):
     (first come, first served, holding no connection while they wait) rather than in
     SQLite's busy handler, whose sleeps would stretch their latency; writers in other
     processes still wait on the busy timeout.
+
+    A cancelled caller does not stop the worker thread: the connection (and the lock) are
+    held until the thread has finished with it. The thread checks between statements and
+    before COMMIT whether the caller is gone, and then rolls back instead.
     """
 
     async def run(self, program: Program[T], mode: Mode, operation: str) -> T:
@@ -269,63 +405,141 @@ class SQLiteRunner(Runner):
 
     async def _run(self, program: Program[T], mode: Mode, operation: str) -> T:
         with translated(operation):
-            async with self._borrow() as (raw, log):
-                driver: Any = raw.driver_connection
+            fairy, conn = await self._checkout()
+            log: _Log | None = None if conn is None else []
+            driver: Any = fairy.driver_connection
+            hop = _Hop()
+            try:
                 result: T = await driver._execute(
-                    _drive_sqlite, driver._conn, program, mode != "read", log
+                    _drive_sqlite, driver._conn, program, mode != "read", log, hop
                 )
-                return result
+            except BaseException as exc:
+                hop.abandoned = True
+                if hop.done and hop.clean:  # the thread finished, outside any transaction
+                    await self._checkin(fairy, conn, log)
+                elif hop.done or isinstance(exc, Exception):
+                    # It left a transaction it could not end, or the program never reached
+                    # the thread (a closed connection): terminate the connection.
+                    await _to_the_end(self._recover(fairy, conn, log, exc, None))
+                else:  # cancelled while the thread may still run the program: wait for it
+                    await _to_the_end(self._recover(fairy, conn, log, exc, _sqlite_restore))
+                raise
+            if not hop.clean:  # pragma: no cover - _drive_sqlite always ends its transaction
+                await _to_the_end(self._recover(fairy, conn, log, None, _sqlite_restore))
+            else:
+                await self._checkin(fairy, conn, log)
+            return result
+
+
+async def _sqlite_restore(driver: Any) -> bool:
+    # The worker thread runs its queue in order: this runs once the program in flight has
+    # finished with the connection.
+    return bool(await driver._execute(_end_transaction, driver._conn))
+
+
+def _end_transaction(db: sqlite3.Connection) -> bool:
+    """Roll back an open transaction; return whether the connection is outside one."""
+    if db.in_transaction:
+        db.rollback()
+    return not db.in_transaction
 
 
 def _drive_sqlite(
-    db: sqlite3.Connection, program: Program[T], write: bool, log: list[Any] | None
+    db: sqlite3.Connection, program: Program[T], write: bool, log: _Log | None, hop: _Hop
 ) -> T:
-    if write:
-        # Take the write lock up front: writers in other processes queue on busy_timeout
-        # instead of failing with "database is locked" when a read lock cannot be upgraded.
-        db.execute("BEGIN IMMEDIATE")
     try:
-        query = program.send(None)  # type: ignore[arg-type]
-        while True:
-            stmt = query.stmt
-            if query.many:
-                params: Any = [stmt.bind(p) for p in query.params]
-                cursor = db.executemany(stmt.sql, params)
-                result = Result([], cursor.rowcount)
-            else:
-                params = stmt.bind(query.params)
-                cursor = db.execute(stmt.sql, params)
-                rows = cursor.fetchall() if stmt.returns_rows else []
-                result = Result(stmt.decode(rows), cursor.rowcount)
-            if log is not None:
-                log.append((stmt.sql, params, query.many))
-            query = program.send(result)
-    except StopIteration as stop:
+        if write:
+            # Take the write lock up front: writers in other processes queue on busy_timeout
+            # instead of failing with "database is locked" when a read lock cannot be upgraded.
+            db.execute("BEGIN IMMEDIATE")
+        try:
+            query = program.send(None)  # type: ignore[arg-type]
+            while True:
+                if hop.abandoned:
+                    raise _Abandoned
+                stmt = query.stmt
+                if query.many:
+                    params: Any = [stmt.bind(p) for p in query.params]
+                    cursor = db.executemany(stmt.sql, params)
+                    result = Result([], cursor.rowcount)
+                else:
+                    params = stmt.bind(query.params)
+                    cursor = db.execute(stmt.sql, params)
+                    rows = cursor.fetchall() if stmt.returns_rows else []
+                    result = Result(stmt.decode(rows), cursor.rowcount)
+                if log is not None:
+                    log.append((stmt.sql, params, query.many))
+                query = program.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+        if hop.abandoned:
+            raise _Abandoned
         if write:
             db.commit()
-        return stop.value  # type: ignore[no-any-return]
-    except BaseException:
-        if write and db.in_transaction:
-            db.rollback()
-        raise
+        return value
+    finally:
+        # Whatever happened (an error, a failed COMMIT, an abandoned program), the
+        # connection leaves this thread outside any transaction, or says it could not.
+        try:
+            hop.clean = _end_transaction(db)
+        except sqlite3.Error:
+            hop.clean = False
+        hop.done = True
 
 
 class PostgresRunner(Runner):
-    """Runs each query as one asyncpg round trip; multi-statement writes in a transaction."""
+    """Runs each query as one asyncpg round trip; multi-statement writes in a transaction.
+
+    BEGIN and COMMIT are sent as statements of their own rather than through
+    ``driver.transaction()``, whose BEGIN a cancellation can interrupt before there is a
+    transaction to exit: after a failure the driver says whether one is open.
+    """
 
     async def run(self, program: Program[T], mode: Mode, operation: str) -> T:
         with translated(operation):
-            async with self._borrow() as (raw, log):
-                driver: Any = raw.driver_connection
-                try:
-                    if mode == "write":
-                        async with driver.transaction():
-                            return await self._drive(driver, program, log)
-                    return await self._drive(driver, program, log)
-                except BaseException as exc:
-                    if _is_disconnect(exc):
-                        self._invalidate_pool(raw, exc)
-                    raise
+            fairy, conn = await self._checkout()
+            log: _Log | None = None if conn is None else []
+            driver: Any = fairy.driver_connection
+            began = False
+            try:
+                if mode == "write":
+                    began = True
+                    await driver.execute("BEGIN")
+                    result = await self._drive(driver, program, log)
+                    await driver.execute("COMMIT")
+                else:
+                    result = await self._drive(driver, program, log)
+            except BaseException as exc:
+                await self._after_failure(fairy, conn, log, exc, began)
+                raise
+            if driver.is_in_transaction():  # pragma: no cover - COMMIT returned: it ended
+                await self._after_failure(fairy, conn, log, None, True)
+            else:
+                await self._checkin(fairy, conn, log)
+            return result
+
+    async def _after_failure(
+        self,
+        fairy: Any,
+        conn: AsyncConnection | None,
+        log: _Log | None,
+        exc: BaseException | None,
+        began: bool,
+    ) -> None:
+        driver: Any = fairy.driver_connection
+        if exc is not None and _is_disconnect(exc):
+            self._invalidate_pool(fairy, exc)
+            await self._checkin(fairy, conn, log)
+        elif (
+            began
+            or not isinstance(exc, Exception)  # a cancellation: a statement may be in flight
+            or driver.is_in_transaction()
+            or driver.is_closed()
+        ):
+            restore = _pg_rollback if began else _pg_settle
+            await _to_the_end(self._recover(fairy, conn, log, exc, restore))
+        else:  # an error, after the statement ended, outside any transaction: nothing to undo
+            await self._checkin(fairy, conn, log)
 
     def _invalidate_pool(self, raw: Any, exc: BaseException) -> None:
         """After a disconnect, retire every pooled connection made before it, as SQLAlchemy
@@ -338,7 +552,7 @@ class PostgresRunner(Runner):
             raw.invalidate(exc)
 
     @staticmethod
-    async def _drive(driver: Any, program: Program[T], log: list[Any] | None) -> T:
+    async def _drive(driver: Any, program: Program[T], log: _Log | None) -> T:
         try:
             query = program.send(None)  # type: ignore[arg-type]
         except StopIteration as stop:
@@ -364,6 +578,30 @@ class PostgresRunner(Runner):
                 query = program.send(result)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
+
+
+async def _pg_settle(driver: Any) -> bool:
+    """No transaction was begun: wait until the server has acknowledged the cancellation
+    of a statement in flight, if any, so that the connection goes back to the pool idle.
+
+    (The next user would wait for it too, but asyncpg 0.31 and earlier share that wait between
+    users: cancelling one of them then raises CancelledError in the next, uncancelled one.)
+    """
+    if driver.is_closed():
+        return False
+    await asyncio.wait_for(driver.execute("SELECT 1"), _SETTLE_TIMEOUT)
+    if driver.is_in_transaction():  # pragma: no cover - nothing here begins one
+        return await _pg_rollback(driver)
+    return not driver.is_closed()
+
+
+async def _pg_rollback(driver: Any) -> bool:
+    """End the transaction that is open, or that a BEGIN in flight may have opened (after
+    the server has acknowledged the cancellation of a statement in flight, if any)."""
+    if driver.is_closed():
+        return False
+    await asyncio.wait_for(driver.execute("ROLLBACK"), _SETTLE_TIMEOUT)
+    return not driver.is_closed() and not driver.is_in_transaction()
 
 
 def make_runner(engine: AsyncEngine) -> Runner:

@@ -35,6 +35,7 @@ class Row:
     found: int
     lost: int
     errors: int
+    cancelled: int = 0
 
 
 FIGURES_KEY = pytest.StashKey[list[Row]]()
@@ -56,12 +57,15 @@ class Figures:
         expected: int,
         found: int,
         errors: int = 0,
+        cancelled: int = 0,
     ) -> Row:
         """Record a row, then fail the calling scenario if anything expected was lost.
 
         The row is recorded first, so a loss shows in the table as well as in the failure.
         """
-        row = Row(scenario, backend, operations, expected, found, expected - found, errors)
+        row = Row(
+            scenario, backend, operations, expected, found, expected - found, errors, cancelled
+        )
         self.rows.append(row)
         assert row.lost == 0, f"{scenario} on {backend}: lost {row.lost} of {expected}: {row}"
         return row

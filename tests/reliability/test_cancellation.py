@@ -1,0 +1,696 @@
+"""Cancellation at every await point: nothing half-written, nothing left open, nothing lost.
+
+A write cancelled anywhere (while the pool hands out a connection, during BEGIN, any
+statement, COMMIT, ROLLBACK or the check-in, or in aiosqlite's worker-thread hop) raises
+``CancelledError`` to its caller; afterwards an independent connection sees the whole write
+or none of it, no connection is left inside a transaction (Postgres: no backend ``idle in
+transaction``; SQLite: the write lock is free), and the pooled connection commits the next
+write.
+
+The cancellation points are not found by timing: each operation runs under a wrapper that
+counts its task's suspensions (every ``await`` that yields to the event loop) and cancels
+the task at the Nth, for N = 1, 2, 3, ... until the operation completes; a second sweep
+makes the Nth call to the driver itself raise ``CancelledError``. A storm of tasks with
+random timeouts on a small pool then checks the same on both dialects under contention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import random
+import sqlite3
+import types
+from collections.abc import Awaitable, Callable, Collection, Generator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import aiosqlite
+import asyncpg  # type: ignore[import-untyped]
+import pytest
+import sqlalchemy
+from sqlalchemy import make_url, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import AsyncAdaptedQueuePool, NullPool
+
+from durable_sessions import (
+    Event,
+    Session,
+    SessionNotFoundError,
+    SQLStore,
+    StaleSessionError,
+)
+from durable_sessions.sql.schema import metadata, sessions
+from reliability.figures import Figures
+from reliability.helpers import reset_tables
+from sqlhelpers import SQL_BACKENDS, raw_pg
+
+pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
+
+ORG = "org"
+T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+LONG_AGO = datetime(2020, 1, 1, tzinfo=timezone.utc)
+# Columns that differ between two runs of the same write: clocks and per-create random ids.
+VOLATILE = {"created_at", "updated_at", "incarnation"}
+MAX_POINTS = 400  # no write of these has this many suspensions: a sweep that gets there hangs
+STEP_TIMEOUT = 30.0
+
+
+# -- cancelling at the Nth suspension, or at the Nth driver call ------------------------------
+
+
+class Suspensions:
+    """Run a coroutine, counting the times it suspends; cancel its task at chosen ones.
+
+    The cancellation is the event loop's own: ``Task.cancel()`` is called while the task is
+    about to suspend, so the future it awaits is cancelled and ``CancelledError`` is raised
+    at that very ``await``, exactly as a timeout or ``task.cancel()`` from elsewhere would.
+    """
+
+    def __init__(self, cancel_at: Collection[int]) -> None:
+        self.cancel_at = set(cancel_at)
+        self.count = 0
+
+    @types.coroutine
+    def drive(self, coro: Awaitable[Any]) -> Generator[Any, Any, Any]:
+        inner = coro.__await__()
+        send: Any = None
+        throw: BaseException | None = None
+        while True:
+            try:
+                yielded = inner.throw(throw) if throw is not None else inner.send(send)
+            except StopIteration as stop:
+                return stop.value
+            self.count += 1
+            if self.count in self.cancel_at:
+                task = asyncio.current_task()
+                assert task is not None
+                task.cancel()
+            try:
+                send, throw = (yield yielded), None
+            except BaseException as exc:  # delivered by the task: pass it on
+                send, throw = None, exc
+
+
+@dataclass
+class DriverFault:
+    """Make the Nth call (made by one task) to the driver's query methods raise
+    ``CancelledError`` before it reaches the driver."""
+
+    raise_at: int
+    task: asyncio.Task[Any] | None = None
+    calls: int = 0
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+        if backend == "postgres":
+            cls: Any = asyncpg.connection.Connection
+            names = ("execute", "fetch", "executemany")
+        else:
+            cls = aiosqlite.Connection
+            names = ("_execute",)
+        for name in names:
+            monkeypatch.setattr(cls, name, self._wrap(getattr(cls, name)))
+
+    def _wrap(self, method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def wrapper(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.task is not None and asyncio.current_task() is self.task:
+                self.calls += 1
+                if self.calls == self.raise_at:
+                    raise asyncio.CancelledError
+            return await method(conn, *args, **kwargs)
+
+        return wrapper
+
+
+@dataclass
+class Outcome:
+    """How one attempt ended: cancelled (as the caller saw it), or completed."""
+
+    cancelled: bool
+    points: int  # suspensions (or driver calls) the operation went through
+    error: BaseException | None = None
+
+
+async def attempt(op: Callable[[], Awaitable[Any]], cancel_at: Collection[int]) -> Outcome:
+    """Run ``op`` in a task of its own, cancelled at the given suspensions."""
+    counter = Suspensions(cancel_at)
+
+    async def main() -> Any:
+        return await counter.drive(op())
+
+    task = asyncio.create_task(main())
+    done, _ = await asyncio.wait({task}, timeout=STEP_TIMEOUT)
+    assert done, f"the operation hung after a cancellation at {sorted(cancel_at)}"
+    if task.cancelled():
+        return Outcome(True, counter.count)
+    return Outcome(False, counter.count, task.exception())
+
+
+async def attempt_driver_fault(
+    op: Callable[[], Awaitable[Any]], n: int, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> Outcome:
+    """Run ``op`` in a task of its own whose Nth driver call raises ``CancelledError``."""
+    fault = DriverFault(n)
+    with monkeypatch.context() as patch:
+        fault.install(patch, backend)
+
+        async def main() -> Any:
+            return await op()
+
+        task = asyncio.create_task(main())
+        fault.task = task
+        done, _ = await asyncio.wait({task}, timeout=STEP_TIMEOUT)
+    assert done, f"the operation hung after its driver call {n} raised CancelledError"
+    if task.cancelled():
+        return Outcome(True, fault.calls)
+    return Outcome(False, fault.calls, task.exception())
+
+
+# -- what an independent connection sees ------------------------------------------------------
+
+Snapshot = dict[str, list[tuple[Any, ...]]]
+
+
+async def observe(independent: AsyncEngine, *, skip: Collection[str] = ()) -> Snapshot:
+    """Every row of every table (volatile columns left out; sessions in ``skip`` too)."""
+    out: Snapshot = {}
+    async with independent.connect() as conn:
+        for table in metadata.sorted_tables:
+            keep = [c for c in table.columns if c.name not in VOLATILE]
+            rows = await conn.execute(select(*keep).order_by(*table.primary_key.columns))
+            found = []
+            for row in rows:
+                values = row._mapping
+                if table.name == "ds_sessions" and values["id"] in skip:
+                    continue
+                found.append(tuple(values.values()))
+            out[table.name] = found
+    return out
+
+
+class Checker:
+    """The checks after each attempt, on one backend."""
+
+    def __init__(self, backend: str, url: str, independent: AsyncEngine, admin: Any) -> None:
+        self.backend = backend
+        self.url = url
+        self.independent = independent
+        self.admin = admin
+
+    async def nothing_left_open(self) -> None:
+        """No connection of the database is left inside a transaction."""
+        if self.backend == "postgres":
+            stuck = await self.admin.fetch(
+                "SELECT pid, state, query FROM pg_stat_activity WHERE datname = $1 "
+                "AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'",
+                make_url(self.url).database,
+            )
+            assert not stuck, f"backends left inside a transaction: {stuck}"
+            return
+        # An open write transaction would hold SQLite's write lock: take it, without waiting.
+        db = sqlite3.connect(str(make_url(self.url).database), timeout=0)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.rollback()
+        finally:
+            db.close()
+
+    async def pool_commits(self, store: SQLStore, probe: str) -> None:
+        """The store's pooled connection commits the next write, seen by another connection."""
+        before = await self._probe_count(probe)
+        await asyncio.wait_for(store.touch(ORG, probe, messages=1), STEP_TIMEOUT)
+        assert await self._probe_count(probe) == before + 1, "an acknowledged write was lost"
+
+    async def _probe_count(self, probe: str) -> int:
+        async with self.independent.connect() as conn:
+            found = await conn.execute(
+                select(sessions.c.message_count).where(
+                    sessions.c.org_id == ORG, sessions.c.id == probe
+                )
+            )
+            return int(found.scalar_one())
+
+
+# -- the write paths ----------------------------------------------------------------------------
+
+
+def new_session(session_id: str, user: str = "alice", **state: Any) -> Session:
+    return Session(id=session_id, org_id=ORG, user_id=user, app_name="app", state=dict(state))
+
+
+def event(event_id: str, n: int, **delta: Any) -> Event:
+    return Event(
+        "agent",
+        content={"n": n},
+        state_delta=dict(delta),
+        tokens=n,
+        id=event_id,
+        timestamp=T0 + timedelta(seconds=n),
+    )
+
+
+async def seed(store: SQLStore, engine: AsyncEngine) -> None:
+    """alice: s1 (2 events), s2 (1 event), both not updated for years; bob: s3, recent."""
+    await store.create(new_session("s1", k=1, **{"user:u": 1, "app:a": 1}))
+    await store.append_event(ORG, "s1", event("e1", 1, k=2))
+    await store.append_event(ORG, "s1", event("e2", 2, **{"user:u": 2}))
+    await store.create(new_session("s2", k=1))
+    await store.append_event(ORG, "s2", event("e3", 3))
+    await store.create(new_session("s3", user="bob"))
+    await store.create(new_session("probe", user="bob"))
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(sessions).where(sessions.c.id.in_(["s1", "s2"])).values(updated_at=LONG_AGO)
+        )
+
+
+Op = Callable[[SQLStore], Awaitable[Callable[[], Awaitable[Any]]]]
+"""Prepares a write on a store (uncancelled, e.g. the read before a save) and returns it."""
+
+
+async def _create(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    return lambda: store.create(new_session("new", k=5, **{"user:n": 5, "app:n": 5}))
+
+
+async def _save(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    session = await store.get(ORG, "s1")
+    session.title = "saved"
+    session.set("k", 9)
+    session.set("user:u", 9)
+    session.set("app:a", 9)
+    return lambda: store.update(session)
+
+
+async def _append(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    return lambda: store.append_event(
+        ORG, "s1", event("e-new", 7, k=7, **{"user:u": 7, "app:x": 7})
+    )
+
+
+async def _touch(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    return lambda: store.touch(ORG, "s1", messages=3, tokens=4, title="touched")
+
+
+async def _fork(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    return lambda: store.fork(ORG, "s1", new_session_id="child", with_events=True)
+
+
+async def _delete(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    return lambda: store.delete(ORG, "s1")
+
+
+async def _purge(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    return lambda: store.purge(ORG, older_than=timedelta(days=30))
+
+
+async def _delete_user(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    return lambda: store.delete_user(ORG, "alice")
+
+
+WRITES: dict[str, Op] = {
+    "create": _create,
+    "save": _save,
+    "append_event": _append,
+    "touch": _touch,
+    "fork": _fork,
+    "delete": _delete,
+    "purge": _purge,
+    "delete_user": _delete_user,
+}
+# delete_user deletes sessions (in batches, each a transaction), then the user's state.
+BETWEEN = {"delete_user": (("ds_sessions", "ds_events"), ("ds_user_state", "ds_app_state"))}
+
+
+@dataclass
+class Sweep:
+    """One backend's sweep: engines, the checker, and what it counted."""
+
+    backend: str
+    url: str
+    engine: AsyncEngine  # the store's, with ONE pooled connection: each attempt reuses it
+    independent: AsyncEngine
+    checker: Checker
+    cancelled: int = 0
+
+    async def fresh(self) -> None:
+        await reset_tables(self.independent)
+        await seed(SQLStore(self.independent), self.independent)
+
+    async def expected(self, name: str) -> list[Snapshot]:
+        """The states an independent connection may see: before, after, and in between."""
+        await self.fresh()
+        before = await observe(self.independent, skip={"probe"})
+        store = SQLStore(self.engine)
+        op = await WRITES[name](store)
+        await op()
+        after = await observe(self.independent, skip={"probe"})
+        allowed = [before, after]
+        if name in BETWEEN:
+            done, pending = BETWEEN[name]
+            allowed.append({**{t: after[t] for t in done}, **{t: before[t] for t in pending}})
+        assert before != after, f"{name} wrote nothing to compare"
+        return allowed
+
+    async def check(self, name: str, allowed: list[Snapshot], how: str) -> None:
+        await self.checker.nothing_left_open()
+        seen = await observe(self.independent, skip={"probe"})
+        assert seen in allowed, f"{name}, {how}: a partial write is visible"
+        await self.checker.pool_commits(SQLStore(self.engine), "probe")
+        await self.checker.nothing_left_open()
+        assert await observe(self.independent, skip={"probe"}) == seen
+
+    async def sweep(
+        self,
+        name: str,
+        run: Callable[[Callable[[], Awaitable[Any]], int], Awaitable[Outcome]],
+        how: str,
+    ) -> None:
+        """Cancel ``name`` at point 1, 2, 3, ... until it completes; check after each."""
+        allowed = await self.expected(name)
+        for n in range(1, MAX_POINTS):
+            await self.fresh()
+            op = await WRITES[name](SQLStore(self.engine))
+            outcome = await run(op, n)
+            if outcome.error is not None:
+                raise AssertionError(f"{name}, {how} {n}: raised {outcome.error!r}")
+            await self.check(name, allowed, f"{how} {n}")
+            if not outcome.cancelled:
+                assert outcome.points < n, (
+                    f"{name}, {how} {n}: cancelled, yet the caller got no CancelledError"
+                )
+                return
+            self.cancelled += 1
+        raise AssertionError(f"{name}: still cancelled after {MAX_POINTS} points")
+
+
+def pooled(url: str, size: int) -> AsyncEngine:
+    """An engine whose pool holds ``size`` connections and makes no more (on SQLite too,
+    whose default pool is NullPool in older SQLAlchemy versions)."""
+    return create_async_engine(url, poolclass=AsyncAdaptedQueuePool, pool_size=size, max_overflow=0)
+
+
+@pytest.fixture
+async def sweeper(
+    engine: AsyncEngine, backend: str, backend_url: str
+) -> Any:  # an async generator of Sweep
+    """A store engine with one pooled connection, an independent engine, and the checker."""
+    store_engine = pooled(backend_url, 1)
+    independent = create_async_engine(backend_url, poolclass=NullPool)
+    try:
+        if backend == "postgres":
+            async with raw_pg(backend_url) as admin:
+                checker = Checker(backend, backend_url, independent, admin)
+                yield Sweep(backend, backend_url, store_engine, independent, checker)
+        else:
+            checker = Checker(backend, backend_url, independent, None)
+            yield Sweep(backend, backend_url, store_engine, independent, checker)
+    finally:
+        await store_engine.dispose()
+        await independent.dispose()
+
+
+# -- (a) every cancellation point of every write ------------------------------------------------
+
+
+@pytest.mark.parametrize("write", list(WRITES))
+async def test_cancel_at_every_await_of_every_write(sweeper: Sweep, write: str) -> None:
+    """Cancel each write at its 1st, 2nd, 3rd... suspension until it completes."""
+    await sweeper.sweep(write, lambda op, n: attempt(op, {n}), "cancelled at suspension")
+    assert sweeper.cancelled >= 1
+
+
+@pytest.mark.parametrize("write", list(WRITES))
+async def test_driver_call_raises_cancelled_at_every_call(
+    sweeper: Sweep, write: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write's 1st, 2nd, 3rd... call to the driver raises CancelledError itself."""
+    backend = sweeper.backend
+
+    async def run(op: Callable[[], Awaitable[Any]], n: int) -> Outcome:
+        return await attempt_driver_fault(op, n, backend, monkeypatch)
+
+    await sweeper.sweep(write, run, "driver call")
+    assert sweeper.cancelled >= 1
+
+
+@pytest.mark.skipif(
+    tuple(int(p) for p in sqlalchemy.__version__.split(".")[:2]) < (2, 1),
+    reason="SQLAlchemy 2.0 strands a new connection whose connect events are cancelled "
+    "(sqlalchemy/sqlalchemy#13548): the leaked sockets fail later tests",
+)
+@pytest.mark.parametrize("write", ["create", "purge"])
+async def test_cancel_while_the_pool_connects(sweeper: Sweep, write: str) -> None:
+    """With the pool emptied before each attempt, the first points fall in the checkout."""
+    allowed = await sweeper.expected(write)
+    for n in range(1, MAX_POINTS):
+        await sweeper.fresh()
+        op = await WRITES[write](SQLStore(sweeper.engine))
+        await sweeper.engine.dispose()
+        outcome = await attempt(op, {n})
+        assert outcome.error is None, repr(outcome.error)
+        await sweeper.check(write, allowed, f"connecting, cancelled at suspension {n}")
+        if not outcome.cancelled:
+            assert outcome.points < n
+            return
+    raise AssertionError("never completed")
+
+
+# -- double cancellation ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("write", ["append_event", "purge", "delete_user"])
+async def test_double_cancellation_logs_nothing(
+    sweeper: Sweep, write: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cancelled twice in quick succession (at two consecutive suspensions, the second
+    landing in the cleanup after the first): no 'Exception during reset', no 'Task was
+    destroyed but it is pending', no error logged at all, and the same checks pass."""
+    allowed = await sweeper.expected(write)
+    caplog.set_level(logging.WARNING)
+    for n in range(1, MAX_POINTS):
+        await sweeper.fresh()
+        op = await WRITES[write](SQLStore(sweeper.engine))
+        outcome = await attempt(op, {n, n + 1})
+        assert outcome.error is None, repr(outcome.error)
+        await sweeper.check(write, allowed, f"cancelled at suspensions {n} and {n + 1}")
+        gc.collect()  # a task destroyed while pending is reported when it is collected
+        if not outcome.cancelled:
+            break
+    else:
+        raise AssertionError("never completed")
+    await asyncio.sleep(0.05)
+    gc.collect()
+    bad = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.ERROR
+        or "Exception during reset" in r.getMessage()
+        or "Task was destroyed" in r.getMessage()
+    ]
+    assert not bad, bad
+
+
+# -- (b) a storm of timeouts on a small pool -------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """What the storm's tasks were told."""
+
+    ops: int = 0
+    timed_out: int = 0
+    stale: int = 0
+    appended: dict[str, set[str]] = field(default_factory=dict)  # session -> acked event ids
+    append_timeouts: dict[str, int] = field(default_factory=dict)
+    touched: dict[str, int] = field(default_factory=dict)
+    touch_timeouts: dict[str, int] = field(default_factory=dict)
+    saved: dict[str, set[str]] = field(default_factory=dict)  # session -> acked private keys
+    created: set[str] = field(default_factory=set)
+    forked: set[str] = field(default_factory=set)
+    purges: int = 0
+
+
+STORM_TASKS = 60
+STORM_ROUNDS = 20
+THINK = 0.1  # seconds, at most, between two operations of a task
+TARGETS = [f"t{i}" for i in range(6)]  # appended to and touched
+SAVED = [f"v{i}" for i in range(6)]  # saved (their versions are theirs alone)
+OLD = [f"old{i}" for i in range(20)]  # not updated for years: purged
+
+
+async def test_storm_of_timeouts_on_a_small_pool(
+    engine: AsyncEngine, backend: str, backend_url: str, figures: Figures
+) -> None:
+    """60 tasks on a pool of 4 (no overflow), every operation under a random 0-5 ms timeout:
+    purge, append_event, touch, save, create and fork mixed. Every acknowledged write is
+    stored, every counter lies within [acknowledged, acknowledged + timed out], every
+    transcript is gapless, and no connection is left inside a transaction."""
+    setup = SQLStore(engine)
+    for sid in [*TARGETS, *SAVED, *OLD]:
+        await setup.create(new_session(sid))
+    for sid in OLD:
+        await setup.append_event(ORG, sid, event(f"{sid}-e", 1))
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(sessions).where(sessions.c.id.in_(OLD)).values(updated_at=LONG_AGO)
+        )
+
+    small = pooled(backend_url, 4)
+    store = SQLStore(small)
+    # Open the pool's 4 connections first (cancelled connects are another test's subject).
+    await asyncio.gather(*(store.get(ORG, sid) for sid in TARGETS[:4]))
+    tally = Tally()
+    rng = random.Random(20240611)
+
+    async def one(task: int, rnd: int) -> None:
+        kind = rng.choice(["append", "append", "touch", "save", "create", "fork", "purge"])
+        target = rng.choice(TARGETS)
+        timeout = rng.uniform(0, 0.005)
+        tag = f"{task}-{rnd}"
+        if kind == "append":
+            op: Awaitable[Any] = store.append_event(
+                ORG, target, Event("agent", tag, tokens=1, id=f"ev-{tag}")
+            )
+        elif kind == "touch":
+            op = store.touch(ORG, target, messages=1)
+        elif kind == "save":
+            target = rng.choice(SAVED)
+            try:
+                session = await asyncio.wait_for(store.get(ORG, target), STEP_TIMEOUT)
+            except asyncio.TimeoutError:  # pragma: no cover - a read stuck for 30 s
+                raise AssertionError("a read hung") from None
+            session.set(f"key-{tag}", tag)
+            op = store.update(session)
+        elif kind == "create":
+            op = store.create(new_session(f"new-{tag}", k=tag))
+        elif kind == "fork":
+            op = store.fork(ORG, target, new_session_id=f"fork-{tag}", with_events=True)
+        else:
+            op = store.purge(ORG, older_than=timedelta(days=30))
+        tally.ops += 1
+        try:
+            await asyncio.wait_for(op, timeout)
+        except asyncio.TimeoutError:
+            tally.timed_out += 1
+            if kind == "append":
+                tally.append_timeouts[target] = tally.append_timeouts.get(target, 0) + 1
+            elif kind == "touch":
+                tally.touch_timeouts[target] = tally.touch_timeouts.get(target, 0) + 1
+            return
+        except StaleSessionError:
+            tally.stale += 1
+            return
+        if kind == "append":
+            tally.appended.setdefault(target, set()).add(f"ev-{tag}")
+        elif kind == "touch":
+            tally.touched[target] = tally.touched.get(target, 0) + 1
+        elif kind == "save":
+            tally.saved.setdefault(target, set()).add(f"key-{tag}")
+        elif kind == "create":
+            tally.created.add(f"new-{tag}")
+        elif kind == "fork":
+            tally.forked.add(f"fork-{tag}")
+        else:
+            tally.purges += 1
+
+    async def worker(task: int) -> None:
+        for rnd in range(STORM_ROUNDS):
+            # A pause between operations keeps the pool's queue short enough that many
+            # operations reach the database before their timeout, and are cut off there.
+            await asyncio.sleep(rng.uniform(0, THINK))
+            await one(task, rnd)
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(worker(t) for t in range(STORM_TASKS))), 300)
+
+        # The pool is whole: every connection can be checked out at once and commits.
+        async def probe(i: int) -> None:
+            await asyncio.wait_for(store.create(new_session(f"after-{i}")), STEP_TIMEOUT)
+
+        await asyncio.gather(*(probe(i) for i in range(8)))
+    finally:
+        await small.dispose()
+
+    independent = create_async_engine(backend_url, poolclass=NullPool)
+    try:
+        checker = Checker(backend, backend_url, independent, None)
+        if backend == "postgres":
+            async with raw_pg(backend_url) as admin:
+                checker.admin = admin
+                await checker.nothing_left_open()
+        else:
+            await checker.nothing_left_open()
+        acknowledged, found, problems = await _verify_storm(SQLStore(independent), tally)
+    finally:
+        await independent.dispose()
+    figures.record(
+        f"cancellation storm: {STORM_TASKS} tasks, pool of 4, 0-5 ms timeouts",
+        backend,
+        operations=tally.ops,
+        expected=acknowledged,
+        found=found,
+        errors=tally.stale,
+        cancelled=tally.timed_out,
+    )
+    assert not problems, problems
+    assert tally.ops == acknowledged + tally.timed_out + tally.stale
+    assert tally.timed_out > 0
+    assert acknowledged > 0
+
+
+async def _verify_storm(reader: SQLStore, tally: Tally) -> tuple[int, int, list[str]]:
+    """Read the storm's results back through an independent engine: the acknowledged
+    writes, how many of them are stored, and what else is wrong."""
+    acknowledged = found = 0
+    problems: list[str] = []
+
+    async def exists(sid: str) -> bool:
+        try:
+            await reader.get(ORG, sid)
+        except SessionNotFoundError:
+            return False
+        return True
+
+    for sid in TARGETS:
+        stored = await reader.get(ORG, sid)
+        events = await reader.list_events(ORG, sid)
+        acked = tally.appended.get(sid, set())
+        acknowledged += len(acked)
+        found += len(acked & {e.id for e in events})
+        if [e.seq for e in events] != list(range(1, len(events) + 1)):
+            problems.append(f"{sid}: event seqs are not 1..{len(events)}")
+        # Appends and touches count a message each; only appends count tokens (1 each).
+        if stored.token_total != len(events):
+            problems.append(f"{sid}: token_total {stored.token_total}, {len(events)} events")
+        if not len(acked) <= len(events) <= len(acked) + tally.append_timeouts.get(sid, 0):
+            problems.append(f"{sid}: {len(events)} events, {len(acked)} acknowledged")
+        touches = stored.message_count - len(events)
+        touched = tally.touched.get(sid, 0)
+        acknowledged += touched
+        found += min(touches, touched)
+        if not touched <= touches <= touched + tally.touch_timeouts.get(sid, 0):
+            problems.append(f"{sid}: {touches} touches counted, {touched} acknowledged")
+    for sid in SAVED:
+        stored = await reader.get(ORG, sid)
+        acked = tally.saved.get(sid, set())
+        acknowledged += len(acked)
+        found += sum(1 for key in acked if key in stored.state)
+    for sid in sorted(tally.created):
+        acknowledged += 1
+        found += await exists(sid)
+    for sid in sorted(tally.forked):
+        acknowledged += 1
+        if await exists(sid):
+            found += 1
+            events = await reader.list_events(ORG, sid)
+            if [e.seq for e in events] != list(range(1, len(events) + 1)):
+                problems.append(f"{sid}: the fork's event seqs are not 1..{len(events)}")
+    left = [sid for sid in OLD if await exists(sid)]
+    for sid in left:  # a purged session goes with its events, or stays with them
+        if len(await reader.list_events(ORG, sid)) != 1:
+            problems.append(f"{sid}: kept without its event")
+    acknowledged += tally.purges  # each acknowledged purge left no old session behind
+    found += tally.purges if not left else 0
+    return acknowledged, found, problems

@@ -189,6 +189,9 @@ def _is_disconnect(exc: BaseException) -> bool:
                 asyncpg.InterfaceError,
                 asyncpg.exceptions.AdminShutdownError,
                 asyncpg.exceptions.CannotConnectNowError,
+                # The protocol is stuck mid-operation (e.g. the server ended the session
+                # under it): the connection cannot be used again.
+                asyncpg.InternalClientError,
             ),
         )
     return False

@@ -21,6 +21,7 @@ from typing import Any
 import sqlalchemy
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool
+from sqlalchemy.pool.base import _ConnectionFairy
 from sqlalchemy.sql.dml import UpdateBase
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "aiosqlite_connection",
     "aiosqlite_execute",
     "check",
+    "checkin_reset",
     "engine_has_events",
     "greenlet_spawn",
     "invalidate_pool",
@@ -68,6 +70,8 @@ def check() -> None:
         missing.append("sqlalchemy.util.greenlet_spawn")
     if not callable(getattr(Pool, "_invalidate", None)):
         missing.append("sqlalchemy.pool.Pool._invalidate")
+    if not callable(getattr(_ConnectionFairy, "_close_special", None)):
+        missing.append("sqlalchemy.pool.base._ConnectionFairy._close_special")
     if not hasattr(Engine, "_has_events"):
         missing.append("sqlalchemy.engine.Engine._has_events")
     if not hasattr(UpdateBase, "_returning"):
@@ -96,6 +100,13 @@ def greenlet_spawn(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
     """``sqlalchemy.util.greenlet_spawn``: run sync SQLAlchemy code that awaits the driver."""
     spawn: Callable[..., Awaitable[Any]] = sqlalchemy.util.greenlet_spawn
     return spawn(fn, *args)
+
+
+def checkin_reset(fairy: Any) -> None:
+    """Check ``fairy`` in, telling the pool its transaction is already reset
+    (``_ConnectionFairy._close_special(transaction_reset=True)``): the pool's reset events
+    still fire, but the rollback is skipped."""
+    fairy._close_special(True)
 
 
 def engine_has_events(engine: Engine) -> bool:

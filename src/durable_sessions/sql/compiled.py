@@ -11,6 +11,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.base import Executable
 
+from ._private import returning_columns
+
 __all__ = ["Compiled", "compile_statement"]
 
 Processor = Callable[[Any], Any]
@@ -78,7 +80,7 @@ def compile_statement(statement: Executable, dialect: Dialect) -> Compiled:
         constants.append(_NO_VALUE if bind.value is None and not bind.callable else bind.value)
         binders.append(bind.type.dialect_impl(dialect).bind_processor(dialect))
     columns = list(getattr(statement, "selected_columns", None) or ())
-    if not columns and getattr(statement, "_returning", None):
+    if not columns and returning_columns(statement):
         columns = list(getattr(statement, "exported_columns"))  # noqa: B009
     decoders: list[tuple[int, Processor]] = []
     for index, column in enumerate(columns):

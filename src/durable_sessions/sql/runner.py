@@ -22,9 +22,16 @@ from typing import Any, Literal, TypeVar
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import QueuePool, SingletonThreadPool, StaticPool
-from sqlalchemy.util import greenlet_spawn
 
 from ..errors import SchemaNotMigratedError, SessionError, StoreError, StoreUnavailableError
+from ._private import (
+    aiosqlite_connection,
+    aiosqlite_execute,
+    checkin_reset,
+    engine_has_events,
+    greenlet_spawn,
+    invalidate_pool,
+)
 from .attempts import CURRENT, MIGRATE_HINT, Attempt
 from .compiled import Compiled
 
@@ -201,8 +208,6 @@ def _is_disconnect(exc: BaseException) -> bool:
 # cancelled statement, then ROLLBACK) before it terminates the connection instead.
 _SETTLE_TIMEOUT = 10.0
 
-_Log = list[tuple[str, Any, bool]]
-
 
 async def _to_the_end(aw: Awaitable[T]) -> T:
     """Await ``aw`` in a task of its own, to its end, even if the caller is cancelled meanwhile.
@@ -231,13 +236,12 @@ def _cancel_requests(task: asyncio.Task[Any] | None) -> int:
     return int(cancelling()) if cancelling is not None else 0
 
 
-def _may_close_on_return(fairy: Any) -> bool:
-    """Whether checking ``fairy`` in may close a connection, which awaits the driver.
+def _may_close_on_return(pool: Any) -> bool:
+    """Whether checking a connection in to ``pool`` may close one, which awaits the driver.
 
     A queue pool closes a returned connection only when its queue is already full (an
     overflow connection); other pools (null, static) may close on any return.
     """
-    pool = getattr(fairy, "_pool", None)
     if isinstance(pool, (StaticPool, SingletonThreadPool)):
         return False
     if isinstance(pool, QueuePool):
@@ -264,28 +268,47 @@ class Runner:
         """Run ``program`` and return its value; raise the library's errors on failure."""
         raise NotImplementedError
 
-    def _emit(self, conn: AsyncConnection, log: _Log) -> None:
-        # Tools that watch SQLAlchemy's cursor events (tracing, statement counting) still
-        # see every statement, although it bypassed SQLAlchemy's execution layer.
-        dispatch = self.engine.sync_engine.dispatch
-        sync_conn = conn.sync_connection
-        for sql, params, many in log:
-            dispatch.before_cursor_execute(sync_conn, None, sql, params, None, many)
-            dispatch.after_cursor_execute(sync_conn, None, sql, params, None, many)
-
     def _watched(self) -> bool:
-        return bool(self.engine.sync_engine._has_events)
+        """Whether something listens to the engine's events (tracing, statement counting)."""
+        return engine_has_events(self.engine.sync_engine)
 
-    async def _checkout(self) -> tuple[Any, AsyncConnection | None]:
-        """Borrow a pooled connection: the pool's proxy and, when something listens to the
-        engine's cursor events, the engine Connection to tell them through.
+    async def _run_watched(self, program: Program[T], mode: Mode, operation: str) -> T:
+        """Run ``program`` through SQLAlchemy's own execution layer, statement by statement.
+
+        Taken when something listens to the engine's events: each listener then gets what
+        SQLAlchemy gives it (a real cursor and execution context), and a listener's error
+        fails the statement, so the transaction rolls back instead of committing. It costs
+        SQLAlchemy's per-statement work (and, on SQLite, a thread hop per statement). A
+        failure or cancellation rolls back, or terminates the connection when it cannot.
+        """
+        with translated(operation):
+            conn = self.engine.connect()
+            await conn.start()
+            try:
+                if mode != "read":
+                    await conn.begin()
+                    if self.engine.dialect.name == "sqlite":
+                        await conn.exec_driver_sql("BEGIN IMMEDIATE")
+                result = await _drive_watched(conn, program)
+                if mode != "read":
+                    await conn.commit()
+            except BaseException as exc:
+                await _to_the_end(_abandon_watched(conn, exc))
+                raise
+            await _to_the_end(conn.close())
+            return result
+
+    async def _checkout(self) -> Any:
+        """Borrow a pooled connection: the pool's proxy.
 
         A cancellation while the pool connects is the pool's to clean up; once this has
         returned, nothing awaits before the caller's ``try`` takes the connection over.
         """
         task = asyncio.current_task()
         requests = _cancel_requests(task)
-        fairy, conn = await self._connect()
+        # Straight from the pool (its checkout events, pre-ping and reset still apply),
+        # without an engine Connection around it: one greenlet hop each way.
+        fairy = await greenlet_spawn(self.engine.sync_engine.pool.connect)
         if _cancel_requests(task) > requests:
             # The task was cancelled while the pool handed the connection out, and the pool
             # swallowed the cancellation (SQLAlchemy 2.0's pool queue waits in
@@ -294,45 +317,25 @@ class Runner:
                 await asyncio.sleep(0)  # one still pending is delivered here
                 raise asyncio.CancelledError
             except BaseException:
-                await self._checkin(fairy, conn, None)
+                await self._checkin(fairy)
                 raise
-        return fairy, conn
+        return fairy
 
-    async def _connect(self) -> tuple[Any, AsyncConnection | None]:
-        if not self._watched():
-            # Straight from the pool (its checkout events, pre-ping and reset still apply),
-            # without an engine Connection around it: one greenlet hop each way.
-            return await greenlet_spawn(self.engine.sync_engine.pool.connect), None
-        conn = self.engine.connect()
-        await conn.start()
-        try:
-            return await conn.get_raw_connection(), conn
-        except BaseException:
-            await _to_the_end(conn.close())
-            raise
-
-    async def _checkin(self, fairy: Any, conn: AsyncConnection | None, log: _Log | None) -> None:
+    async def _checkin(self, fairy: Any) -> None:
         """Return a connection that the runner has seen outside any transaction."""
-        if conn is not None:
-            if log:
-                self._emit(conn, log)
-            await _to_the_end(conn.close())  # the engine Connection resets it as usual
-            return
         if not fairy.is_valid:  # terminated (and returned) by _recover
             return
         # The pool's reset still runs (its reset events too), but its rollback is skipped:
         # the runner has checked there is nothing to roll back, and on SQLite that rollback
         # would cost a second thread hop per operation.
-        if _may_close_on_return(fairy):
-            await _to_the_end(greenlet_spawn(fairy._close_special, True))
+        if _may_close_on_return(self.engine.sync_engine.pool):
+            await _to_the_end(greenlet_spawn(checkin_reset, fairy))
         else:  # no await inside: nothing can interrupt it
-            await greenlet_spawn(fairy._close_special, True)
+            await greenlet_spawn(checkin_reset, fairy)
 
     async def _recover(
         self,
         fairy: Any,
-        conn: AsyncConnection | None,
-        log: _Log | None,
         exc: BaseException | None,
         restore: Callable[[Any], Awaitable[bool]] | None,
     ) -> None:
@@ -354,7 +357,7 @@ class Runner:
             raise
         if not clean and fairy.is_valid:
             await greenlet_spawn(fairy.invalidate, exc)  # the dialect's terminate
-        await self._checkin(fairy, conn, log)
+        await self._checkin(fairy)
 
 
 _WRITE_LOCKS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, asyncio.Lock]] = (
@@ -407,37 +410,43 @@ class SQLiteRunner(Runner):
             return await self._run(program, mode, operation)
 
     async def _run(self, program: Program[T], mode: Mode, operation: str) -> T:
+        if self._watched():
+            return await self._run_watched(program, mode, operation)
         with translated(operation):
-            fairy, conn = await self._checkout()
-            log: _Log | None = None if conn is None else []
+            fairy = await self._checkout()
             driver: Any = fairy.driver_connection
             hop = _Hop()
             try:
-                result: T = await driver._execute(
-                    _drive_sqlite, driver._conn, program, mode != "read", log, hop
+                result: T = await aiosqlite_execute(
+                    driver,
+                    _drive_sqlite,
+                    aiosqlite_connection(driver),
+                    program,
+                    mode != "read",
+                    hop,
                 )
             except BaseException as exc:
                 hop.abandoned = True
                 if hop.done and hop.clean:  # the thread finished, outside any transaction
-                    await self._checkin(fairy, conn, log)
+                    await self._checkin(fairy)
                 elif hop.done or isinstance(exc, Exception):
                     # It left a transaction it could not end, or the program never reached
                     # the thread (a closed connection): terminate the connection.
-                    await _to_the_end(self._recover(fairy, conn, log, exc, None))
+                    await _to_the_end(self._recover(fairy, exc, None))
                 else:  # cancelled while the thread may still run the program: wait for it
-                    await _to_the_end(self._recover(fairy, conn, log, exc, _sqlite_restore))
+                    await _to_the_end(self._recover(fairy, exc, _sqlite_restore))
                 raise
             if not hop.clean:  # pragma: no cover - _drive_sqlite always ends its transaction
-                await _to_the_end(self._recover(fairy, conn, log, None, _sqlite_restore))
+                await _to_the_end(self._recover(fairy, None, _sqlite_restore))
             else:
-                await self._checkin(fairy, conn, log)
+                await self._checkin(fairy)
             return result
 
 
 async def _sqlite_restore(driver: Any) -> bool:
     # The worker thread runs its queue in order: this runs once the program in flight has
     # finished with the connection.
-    return bool(await driver._execute(_end_transaction, driver._conn))
+    return bool(await aiosqlite_execute(driver, _end_transaction, aiosqlite_connection(driver)))
 
 
 def _end_transaction(db: sqlite3.Connection) -> bool:
@@ -447,9 +456,7 @@ def _end_transaction(db: sqlite3.Connection) -> bool:
     return not db.in_transaction
 
 
-def _drive_sqlite(
-    db: sqlite3.Connection, program: Program[T], write: bool, log: _Log | None, hop: _Hop
-) -> T:
+def _drive_sqlite(db: sqlite3.Connection, program: Program[T], write: bool, hop: _Hop) -> T:
     try:
         if write:
             # Take the write lock up front: writers in other processes queue on busy_timeout
@@ -470,8 +477,6 @@ def _drive_sqlite(
                     cursor = db.execute(stmt.sql, params)
                     rows = cursor.fetchall() if stmt.returns_rows else []
                     result = Result(stmt.decode(rows), cursor.rowcount)
-                if log is not None:
-                    log.append((stmt.sql, params, query.many))
                 query = program.send(result)
         except StopIteration as stop:
             value: T = stop.value
@@ -499,40 +504,34 @@ class PostgresRunner(Runner):
     """
 
     async def run(self, program: Program[T], mode: Mode, operation: str) -> T:
+        if self._watched():
+            return await self._run_watched(program, mode, operation)
         with translated(operation):
-            fairy, conn = await self._checkout()
-            log: _Log | None = None if conn is None else []
+            fairy = await self._checkout()
             driver: Any = fairy.driver_connection
             began = False
             try:
                 if mode == "write":
                     began = True
                     await driver.execute("BEGIN")
-                    result = await self._drive(driver, program, log)
+                    result = await self._drive(driver, program)
                     await driver.execute("COMMIT")
                 else:
-                    result = await self._drive(driver, program, log)
+                    result = await self._drive(driver, program)
             except BaseException as exc:
-                await self._after_failure(fairy, conn, log, exc, began)
+                await self._after_failure(fairy, exc, began)
                 raise
             if driver.is_in_transaction():  # pragma: no cover - COMMIT returned: it ended
-                await self._after_failure(fairy, conn, log, None, True)
+                await self._after_failure(fairy, None, True)
             else:
-                await self._checkin(fairy, conn, log)
+                await self._checkin(fairy)
             return result
 
-    async def _after_failure(
-        self,
-        fairy: Any,
-        conn: AsyncConnection | None,
-        log: _Log | None,
-        exc: BaseException | None,
-        began: bool,
-    ) -> None:
+    async def _after_failure(self, fairy: Any, exc: BaseException | None, began: bool) -> None:
         driver: Any = fairy.driver_connection
         if exc is not None and _is_disconnect(exc):
             self._invalidate_pool(fairy, exc)
-            await self._checkin(fairy, conn, log)
+            await self._checkin(fairy)
         elif (
             began
             or not isinstance(exc, Exception)  # a cancellation: a statement may be in flight
@@ -540,22 +539,17 @@ class PostgresRunner(Runner):
             or driver.is_closed()
         ):
             restore = _pg_rollback if began else _pg_settle
-            await _to_the_end(self._recover(fairy, conn, log, exc, restore))
+            await _to_the_end(self._recover(fairy, exc, restore))
         else:  # an error, after the statement ended, outside any transaction: nothing to undo
-            await self._checkin(fairy, conn, log)
+            await self._checkin(fairy)
 
     def _invalidate_pool(self, raw: Any, exc: BaseException) -> None:
         """After a disconnect, retire every pooled connection made before it, as SQLAlchemy
         does for statements it runs itself (a restarted server dropped them all)."""
-        pool = self.engine.sync_engine.pool
-        invalidate = getattr(pool, "_invalidate", None)
-        if invalidate is not None:
-            invalidate(raw, exc)
-        else:  # pragma: no cover - a future SQLAlchemy without it: retire this one only
-            raw.invalidate(exc)
+        invalidate_pool(self.engine.sync_engine.pool, raw, exc)
 
     @staticmethod
-    async def _drive(driver: Any, program: Program[T], log: _Log | None) -> T:
+    async def _drive(driver: Any, program: Program[T]) -> T:
         try:
             query = program.send(None)  # type: ignore[arg-type]
         except StopIteration as stop:
@@ -575,8 +569,6 @@ class PostgresRunner(Runner):
                 status = await driver.execute(stmt.sql, *params)
                 tail = status.rsplit(" ", 1)[-1]
                 result = Result([], int(tail) if tail.isdigit() else -1)
-            if log is not None:
-                log.append((stmt.sql, params, query.many))
             try:
                 query = program.send(result)
             except StopIteration as stop:
@@ -605,6 +597,48 @@ async def _pg_rollback(driver: Any) -> bool:
         return False
     await asyncio.wait_for(driver.execute("ROLLBACK"), _SETTLE_TIMEOUT)
     return not driver.is_closed() and not driver.is_in_transaction()
+
+
+async def _drive_watched(conn: AsyncConnection, program: Program[T]) -> T:
+    """Drive ``program`` through SQLAlchemy's execution layer (``exec_driver_sql``)."""
+    try:
+        query = program.send(None)  # type: ignore[arg-type]
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    while True:
+        stmt = query.stmt
+        if query.many:
+            batch = [stmt.bind(p) for p in query.params]
+            await conn.exec_driver_sql(stmt.sql, batch)
+            result = Result([], len(batch))
+        else:
+            found = await conn.exec_driver_sql(stmt.sql, stmt.bind(query.params))
+            if stmt.returns_rows:
+                rows = [tuple(row) for row in found.fetchall()]
+                result = Result(stmt.decode(rows), len(rows))
+            else:
+                result = Result([], found.rowcount)
+        try:
+            query = program.send(result)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+
+async def _abandon_watched(conn: AsyncConnection, exc: BaseException) -> None:
+    """After a failure on the watched path: roll back and close; after a cancellation (a
+    statement may still be in flight), or when that fails, terminate the connection."""
+    try:
+        if isinstance(exc, Exception) and not conn.invalidated:
+            await conn.rollback()
+            await conn.close()
+            return
+    except Exception:
+        pass
+    try:
+        if not conn.invalidated:
+            await conn.invalidate(exc if isinstance(exc, Exception) else None)
+    finally:
+        await conn.close()
 
 
 def make_runner(engine: AsyncEngine) -> Runner:

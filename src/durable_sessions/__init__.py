@@ -18,7 +18,7 @@ from .errors import (
 )
 from .manager import Manager
 from .memory import InMemoryStore
-from .model import Event, Filter, Session, derive_title, new_id
+from .model import Event, Filter, Page, SearchHit, Session, derive_title, new_id
 from .service import SessionService
 from .sql.store import SQLStore
 from .state import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
@@ -38,8 +38,10 @@ __all__ = [
     "InvalidStateError",
     "Manager",
     "MissingScopeError",
+    "Page",
     "SQLStore",
     "SchemaNotMigratedError",
+    "SearchHit",
     "Session",
     "SessionError",
     "SessionExistsError",

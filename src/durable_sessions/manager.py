@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any
 
 from .context import Binding, bind_session, reset_binding
-from .model import Event, Filter, Session, derive_title, new_id, utcnow
+from .model import Event, Filter, Page, Session, derive_title, new_id, utcnow
 from .state import validate_id
 from .store import Store
 
@@ -103,6 +103,15 @@ class Manager:
     async def list(self, filter: Filter) -> builtins.list[Session]:
         """Return sessions matching ``filter``, most recently updated first, without state."""
         return await self.store.list(filter)
+
+    async def list_page(self, filter: Filter, *, cursor: str | None = None) -> Page:
+        """Return one page of ``list``: ``filter.limit`` sessions (100 when it is 0) after
+        ``cursor``, and the ``next_cursor`` (None after the last page); see ``Store``.
+
+        Raises:
+            InvalidArgumentError: ``cursor`` is not a ``next_cursor`` of this listing.
+        """
+        return await self.store.list_page(filter, cursor=cursor)
 
     async def delete(self, org_id: str, id: str) -> None:
         """Delete a session with its private state and transcript.

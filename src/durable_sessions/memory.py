@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .errors import SessionExistsError, SessionNotFoundError, StaleSessionError
-from .model import Event, Filter, Session, new_id, utcnow
+from .model import Event, Filter, Page, Session, new_id, utcnow
 from .prepare import (
     RECREATED,
     check_counters,
@@ -16,13 +16,16 @@ from .prepare import (
     check_events_read,
     check_expected,
     check_fork,
+    check_list_page,
     check_max_bytes,
     check_purge,
     check_session,
     check_shared_deletes,
     check_touch,
     fork_state,
+    make_page,
     merge_state,
+    page_fetch,
     prepare_create,
     prepare_event,
     prepare_update,
@@ -193,6 +196,21 @@ class InMemoryStore:
 
     async def list(self, filter: Filter) -> builtins.list[Session]:
         """Return matching sessions, most recently updated first (state only on request)."""
+        found = self._matching(filter, None)
+        if filter.limit:
+            found = found[: filter.limit]
+        return [self._view(r, with_state=filter.with_state) for r in found]
+
+    async def list_page(self, filter: Filter, *, cursor: str | None = None) -> Page:
+        """Return one page of ``list`` after ``cursor`` (see ``Store``)."""
+        size, position = check_list_page(filter, cursor)
+        found = self._matching(filter, position)[: page_fetch(size)]
+        return make_page(filter, [self._view(r, with_state=filter.with_state) for r in found], size)
+
+    def _matching(
+        self, filter: Filter, after: tuple[datetime, str] | None
+    ) -> builtins.list[_Record]:
+        """The sessions ``filter`` selects, newest first, after the position ``after``."""
         found = [
             r
             for (org, _), r in self._sessions.items()
@@ -200,11 +218,10 @@ class InMemoryStore:
             and (filter.user_id is None or r.meta.user_id == filter.user_id)
             and (filter.app_name is None or r.meta.app_name == filter.app_name)
             and (filter.parent_id is None or r.meta.parent_id == filter.parent_id)
+            and (after is None or (r.meta.updated_at, r.meta.id) < after)
         ]
         found.sort(key=lambda r: (r.meta.updated_at, r.meta.id), reverse=True)
-        if filter.limit:
-            found = found[: filter.limit]
-        return [self._view(r, with_state=filter.with_state) for r in found]
+        return found
 
     async def append_event(
         self,

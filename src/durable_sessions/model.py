@@ -15,7 +15,7 @@ from typing import Any
 from .errors import InvalidArgumentError
 from .state import copy_json, diff_state, validate_id, validate_key, validate_value
 
-__all__ = ["Event", "Filter", "Session", "derive_title", "new_id", "utcnow"]
+__all__ = ["Event", "Filter", "Page", "SearchHit", "Session", "derive_title", "new_id", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -253,3 +253,26 @@ class Filter:
             or not 0 <= self.limit < 2**63
         ):
             raise InvalidArgumentError("limit must be an integer from 0 (no limit) to 2**63 - 1")
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing: ``Store.list_page`` returns these.
+
+    Attributes:
+        sessions: The page's sessions, in ``list``'s order (most recently updated first).
+        next_cursor: Pass it as ``cursor`` with the same filter for the next page; None
+            after the last page. An opaque string: made by the store, not to be built or
+            edited (an altered one is refused with ``InvalidArgumentError``).
+    """
+
+    sessions: list[Session]
+    next_cursor: str | None = None
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One event ``Store.search`` found, and the session it belongs to."""
+
+    session_id: str
+    event: Event

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import base64
+import binascii
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .errors import InvalidArgumentError, StaleSessionError
-from .model import Event, Session, new_id
+from .model import Event, Filter, Page, Session, new_id
 from .state import (
     APP_PREFIX,
     USER_PREFIX,
@@ -26,6 +31,7 @@ __all__ = [
     "MAX_INCREMENT",
     "MAX_INT64",
     "MAX_LIMIT",
+    "PAGE_SIZE",
     "RECREATED",
     "check_after",
     "check_count",
@@ -35,6 +41,7 @@ __all__ = [
     "check_expected",
     "check_fork",
     "check_limit",
+    "check_list_page",
     "check_max_bytes",
     "check_older_than",
     "check_purge",
@@ -44,7 +51,9 @@ __all__ = [
     "check_title",
     "check_touch",
     "fork_state",
+    "make_page",
     "merge_state",
+    "page_fetch",
     "prepare_create",
     "prepare_event",
     "prepare_update",
@@ -332,3 +341,85 @@ def check_delete_user(org_id: str, user_id: str) -> None:
     """Check a ``delete_user``."""
     validate_id("org_id", org_id)
     validate_id("user_id", user_id)
+
+
+# -- pages of a listing ----------------------------------------------------------------------
+
+PAGE_SIZE = 100
+"""Sessions per page of ``list_page`` when the filter's ``limit`` is 0."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_CURSOR_TAG = "p1"  # the cursor format's version
+_CURSOR_CHECK = b"durable-sessions page cursor\0"
+_CURSOR_TEXT = re.compile(r"[A-Za-z0-9_-]{1,4096}")
+_MALFORMED = (
+    "cursor is not one this store made (malformed or altered): pass a Page.next_cursor "
+    "as it was returned, or None for the first page"
+)
+_FOREIGN = (
+    "cursor belongs to another listing: pass the same org_id, user_id, app_name and "
+    "parent_id as the call that returned it"
+)
+
+
+def _listing(filter: Filter) -> str:
+    """What a cursor is bound to: the filter's organisation and narrowing (not its page
+    size or ``with_state``, which may change from page to page)."""
+    key = json.dumps([filter.org_id, filter.user_id, filter.app_name, filter.parent_id])
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+
+
+def _encode_cursor(filter: Filter, last: Session) -> str:
+    micros = (last.updated_at - _EPOCH) // timedelta(microseconds=1)
+    payload = json.dumps(
+        [_CURSOR_TAG, micros, last.id, _listing(filter)], separators=(",", ":")
+    ).encode("utf-8")
+    check = hashlib.sha256(_CURSOR_CHECK + payload).digest()[:8]
+    return base64.urlsafe_b64encode(check + payload).decode("ascii").rstrip("=")
+
+
+def _decode_cursor(filter: Filter, cursor: object) -> tuple[datetime, str]:
+    """The position a cursor names: the (updated_at, id) of the last session it passed."""
+    if not isinstance(cursor, str):
+        raise InvalidArgumentError(
+            f"cursor must be a string (a Page.next_cursor) or None, not {type(cursor).__name__}"
+        )
+    if not _CURSOR_TEXT.fullmatch(cursor):
+        raise InvalidArgumentError(_MALFORMED)
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        check, payload = raw[:8], raw[8:]
+        if hashlib.sha256(_CURSOR_CHECK + payload).digest()[:8] != check:
+            raise ValueError("checksum")
+        tag, micros, session_id, listing = json.loads(payload.decode("utf-8"))
+        if tag != _CURSOR_TAG or type(micros) is not int or not isinstance(listing, str):
+            raise ValueError("fields")
+        validate_id("session_id", session_id)
+        updated_at = _EPOCH + timedelta(microseconds=micros)
+    except (ValueError, TypeError, OverflowError, binascii.Error, InvalidArgumentError):
+        raise InvalidArgumentError(_MALFORMED) from None
+    if listing != _listing(filter):
+        raise InvalidArgumentError(_FOREIGN)
+    return updated_at, session_id
+
+
+def check_list_page(filter: Filter, cursor: str | None) -> tuple[int, tuple[datetime, str] | None]:
+    """Check a ``list_page``; return its page size and the position to start after (None:
+    the first page)."""
+    if not isinstance(filter, Filter):
+        raise InvalidArgumentError(f"filter must be a Filter, not {type(filter).__name__}")
+    position = None if cursor is None else _decode_cursor(filter, cursor)
+    return filter.limit or PAGE_SIZE, position
+
+
+def page_fetch(size: int) -> int:
+    """How many sessions a page of ``size`` reads: one more, to tell whether another
+    page follows (never past the 64-bit limit)."""
+    return min(size, MAX_INT64 - 1) + 1
+
+
+def make_page(filter: Filter, found: Sequence[Session], size: int) -> Page:
+    """The page of ``size`` from the ``page_fetch(size)`` sessions read after the position."""
+    sessions = list(found[:size])
+    more = len(found) > size
+    return Page(sessions, _encode_cursor(filter, sessions[-1]) if more else None)

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import InvalidArgumentError
-from .model import Event, Filter, Session
+from .model import Event, Filter, Page, Session
 
 __all__ = ["Store", "check_after_seq"]
 
@@ -102,6 +102,23 @@ class Store(Protocol):
         """Return the matching sessions, most recently updated first.
 
         Sessions come without state (metadata only) unless ``filter.with_state`` asks for it.
+        """
+        ...
+
+    async def list_page(self, filter: Filter, *, cursor: str | None = None) -> Page:
+        """Return one page of ``list``: ``filter.limit`` sessions (100 when it is 0).
+
+        Pages are read by position (after the last session of the previous page), never by
+        offset: each costs the same at any depth. Walking every page from ``cursor=None``
+        until ``next_cursor`` is None returns each session that exists for the whole walk
+        and is not written during it exactly once; sessions created or written during the
+        walk move to the front and never cause a duplicate. ``with_state`` works as in
+        ``list``, and the page size may change from page to page.
+
+        Raises:
+            InvalidArgumentError: ``cursor`` is not a ``next_cursor`` this listing returned
+                (malformed, altered, or from a filter with another org_id, user_id,
+                app_name or parent_id).
         """
         ...
 

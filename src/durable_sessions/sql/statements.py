@@ -20,6 +20,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.engine import Dialect
@@ -198,10 +199,27 @@ class Statements:
             return query.order_by(events.c.seq.desc()).limit(bindparam("k_limit"))
         return query.order_by(events.c.seq)
 
-    def list_query(self, user: bool, app: bool, parent: bool, limit: bool, with_state: bool) -> Any:
-        """``list``: one organisation's sessions, newest first, narrowed by what is given."""
+    def list_query(
+        self,
+        user: bool,
+        app: bool,
+        parent: bool,
+        limit: bool,
+        with_state: bool,
+        after: bool = False,
+    ) -> Any:
+        """``list``: one organisation's sessions, newest first, narrowed by what is given.
+
+        With ``after``, only the sessions past the position (``k_after_at``, ``k_after_id``)
+        in that order: a page of ``list_page``, which starts there along the index (a
+        range, never an offset).
+        """
         columns = [*META, *self.state_columns()] if with_state else META
         query = select(*columns).where(S.c.org_id == bindparam("k_org"))
+        if after:
+            at = bindparam("k_after_at", type_=UTCDateTime)
+            position = tuple_(at, bindparam("k_after_id", type_=S.c.id.type))
+            query = query.where(tuple_(S.c.updated_at, S.c.id) < position)
         if user:
             query = query.where(S.c.user_id == bindparam("k_user"))
         if app:

@@ -15,18 +15,21 @@ from typing import Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..errors import DeletionIncompleteError, InvalidArgumentError, StoreError
-from ..model import Event, Filter, Session, new_id, utcnow
+from ..model import Event, Filter, Page, Session, new_id, utcnow
 from ..prepare import (
     check_delete_user,
     check_events_read,
     check_expected,
     check_fork,
+    check_list_page,
     check_max_bytes,
     check_purge,
     check_session,
     check_timeout,
     check_touch,
+    make_page,
     merge_state,
+    page_fetch,
     prepare_create,
     prepare_event,
     prepare_update,
@@ -237,6 +240,29 @@ class SQLStore:
         }  # fmt: skip
         make = session_with_state if filter.with_state else session_from_row
         return await self._runner.run(self._programs.rows(stmt, params, make), "read", "list")
+
+    async def list_page(self, filter: Filter, *, cursor: str | None = None) -> Page:
+        """Return one page of ``list`` after ``cursor``: one statement, a range of the
+        ``(org_id[, user_id], updated_at, id)`` index from the position on (see ``Store``)."""
+        size, position = check_list_page(filter, cursor)
+        shape = (
+            filter.user_id is not None,
+            filter.app_name is not None,
+            filter.parent_id is not None,
+            True,
+            filter.with_state,
+            position is not None,
+        )
+        stmt = self._q.shape(("list", *shape), lambda: self._q.list_query(*shape))
+        params = {
+            "k_org": filter.org_id, "k_user": filter.user_id, "k_app": filter.app_name,
+            "k_parent": filter.parent_id, "k_limit": page_fetch(size),
+            "k_after_at": position[0] if position else None,
+            "k_after_id": position[1] if position else None,
+        }  # fmt: skip
+        make = session_with_state if filter.with_state else session_from_row
+        found = await self._runner.run(self._programs.rows(stmt, params, make), "read", "list")
+        return make_page(filter, found, size)
 
     async def append_event(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -16,6 +17,7 @@ from durable_sessions import (
     InvalidArgumentError,
     InvalidStateError,
     Manager,
+    Page,
     Session,
     SessionExistsError,
     SessionNotFoundError,
@@ -1279,3 +1281,116 @@ class StoreContract:
             await store.list_event_contents(OTHER_ORG, session.id)
         with pytest.raises(InvalidArgumentError):
             await store.list_event_contents(ORG, session.id, limit=-1)
+
+    # -- pages: list_page -------------------------------------------------------------------------
+
+    async def test_list_page_walks_every_session_once_in_list_order(
+        self, manager: Manager, store: Store
+    ) -> None:
+        for n in range(7):
+            await manager.create(ORG, USER if n % 2 else OTHER_USER, title=f"s{n}")
+        await manager.create(OTHER_ORG, USER)
+        for filter in (Filter(ORG, limit=3), Filter(ORG, user_id=USER, limit=2)):
+            pages = [await store.list_page(filter)]
+            while pages[-1].next_cursor is not None:
+                pages.append(await manager.list_page(filter, cursor=pages[-1].next_cursor))
+            walked = [s.id for page in pages for s in page.sessions]
+            everything = await store.list(replace(filter, limit=0))
+            assert walked == [s.id for s in everything]
+            assert all(len(page.sessions) == filter.limit for page in pages[:-1])
+            assert 1 <= len(pages[-1].sessions) <= filter.limit
+            assert all(s.state == {} for page in pages for s in page.sessions)
+
+    async def test_list_page_a_full_last_page_has_no_cursor(
+        self, manager: Manager, store: Store
+    ) -> None:
+        assert await store.list_page(Filter(ORG)) == Page([], None)
+        for _ in range(4):
+            await manager.create(ORG, USER)
+        first = await store.list_page(Filter(ORG, limit=2))
+        assert first.next_cursor is not None
+        last = await store.list_page(Filter(ORG, limit=2), cursor=first.next_cursor)
+        assert len(last.sessions) == 2
+        assert last.next_cursor is None
+        whole = await store.list_page(Filter(ORG, limit=4))
+        assert len(whole.sessions) == 4
+        assert whole.next_cursor is None
+
+    async def test_list_page_holds_100_sessions_when_the_limit_is_0(
+        self, manager: Manager, store: Store
+    ) -> None:
+        for _ in range(101):
+            await manager.create(ORG, USER)
+        first = await store.list_page(Filter(ORG))
+        assert len(first.sessions) == 100
+        rest = await store.list_page(Filter(ORG), cursor=first.next_cursor)
+        assert len(rest.sessions) == 1
+        assert rest.next_cursor is None
+        # The page size may change between pages of one walk.
+        small = await store.list_page(Filter(ORG, limit=1), cursor=first.next_cursor)
+        assert [s.id for s in small.sessions] == [s.id for s in rest.sessions]
+
+    async def test_list_page_with_state_returns_what_get_returns(
+        self, manager: Manager, store: Store
+    ) -> None:
+        for n in range(3):
+            await manager.create(ORG, USER, state={"n": n, "user:u": "shared", "app:a": [n]})
+        cursor = None
+        seen = 0
+        while True:
+            page = await store.list_page(Filter(ORG, limit=2, with_state=True), cursor=cursor)
+            for session in page.sessions:
+                assert session.state == (await store.get(ORG, session.id)).state
+                seen += 1
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert seen == 3
+
+    async def test_list_page_during_writes_never_repeats_and_misses_no_quiet_session(
+        self, manager: Manager, store: Store
+    ) -> None:
+        quiet = [(await manager.create(ORG, USER)).id for _ in range(6)]
+        written = [(await manager.create(ORG, USER)).id for _ in range(3)]
+        walked: list[str] = []
+        cursor = None
+        step = 0
+        while True:
+            page = await store.list_page(Filter(ORG, limit=2), cursor=cursor)
+            walked += [s.id for s in page.sessions]
+            if step < len(written):  # between pages: a create and a write of an old session
+                await manager.create(ORG, USER)
+                await store.touch(ORG, written[step], messages=1)
+            step += 1
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert len(walked) == len(set(walked))
+        assert all(walked.count(session_id) == 1 for session_id in quiet)
+
+    async def test_list_page_refuses_altered_and_foreign_cursors_alike(
+        self, manager: Manager, store: Store
+    ) -> None:
+        for _ in range(3):
+            await manager.create(ORG, USER, state={"secret": 1})
+        await manager.create(OTHER_ORG, USER)
+        cursor = (await store.list_page(Filter(ORG, limit=1))).next_cursor
+        assert isinstance(cursor, str)
+        altered = cursor[:-2] + ("A" if cursor[-2] != "A" else "B") + cursor[-1]
+        for bad in (
+            altered, cursor[:-4], cursor + "x", "", "not a cursor", "' OR 1=1 --",
+            "eyJ1IjogMX0", "A" * 5000, 123, b"bytes",
+        ):  # fmt: skip
+            with pytest.raises(InvalidArgumentError):
+                await store.list_page(Filter(ORG, limit=1), cursor=bad)  # type: ignore[arg-type]
+        for foreign in (
+            Filter(OTHER_ORG, limit=1),
+            Filter(ORG, user_id=USER, limit=1),
+            Filter(ORG, app_name=APP, limit=1),
+            Filter(ORG, parent_id="p", limit=1),
+        ):
+            with pytest.raises(InvalidArgumentError, match="another listing"):
+                await store.list_page(foreign, cursor=cursor)
+        # Another page size or with_state is the same listing.
+        page = await store.list_page(Filter(ORG, limit=5, with_state=True), cursor=cursor)
+        assert len(page.sessions) == 2

@@ -1,0 +1,139 @@
+"""Pages of a listing: one statement, a range of an index from the cursor on (never an
+offset), ties broken by id, and cursors checked before any statement runs."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from durable_sessions import Filter, InMemoryStore, InvalidArgumentError, Page, SQLStore, Store
+from durable_sessions.model import utcnow
+from durable_sessions.sql.schema import sessions
+from sqlhelpers import SQL_BACKENDS, data_statements, statements
+
+N = 3_000
+
+
+async def _many_sessions(engine: AsyncEngine, n: int = N) -> None:
+    """``n`` sessions of org "org" (every third of user "alice"), one a millisecond."""
+    start = utcnow() - timedelta(days=1)
+    rows = [
+        {
+            "org_id": "org", "id": f"s{i:05d}", "user_id": "alice" if i % 3 == 0 else "bob",
+            "app_name": "app", "title": "", "state": {}, "parent_id": None,
+            "created_at": start, "updated_at": start + timedelta(milliseconds=i),
+            "message_count": 0, "token_total": 0, "event_seq": 0, "version": 1,
+            "incarnation": "",
+        }
+        for i in range(n)
+    ]  # fmt: skip
+    async with engine.begin() as conn:
+        await conn.execute(sessions.insert(), rows)
+        if engine.dialect.name == "postgresql":
+            await conn.exec_driver_sql("ANALYZE ds_sessions")
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = [plan]
+    for child in plan.get("Plans", []):
+        nodes.extend(_plan_nodes(child))
+    return nodes
+
+
+async def _walk(store: Store, filter: Filter) -> list[Page]:
+    pages = [await store.list_page(filter)]
+    while pages[-1].next_cursor is not None:
+        pages.append(await store.list_page(filter, cursor=pages[-1].next_cursor))
+    return pages
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize(
+    ("user", "index"),
+    [(None, "ix_ds_sessions_org_updated"), ("alice", "ix_ds_sessions_org_user_updated")],
+)
+async def test_a_deep_page_is_one_index_range_that_reads_only_its_rows(
+    backend: str, engine: AsyncEngine, user: str | None, index: str
+) -> None:
+    await _many_sessions(engine)
+    store = SQLStore(engine)
+    filter = Filter("org", user_id=user, limit=20)
+    page = await store.list_page(filter)
+    for _ in range(30):  # 30 pages deep
+        page = await store.list_page(filter, cursor=page.next_cursor)
+    with statements(engine) as seen:
+        deep = await store.list_page(filter, cursor=page.next_cursor)
+    assert len(deep.sessions) == 20
+    (sql,) = data_statements(seen)
+    params = next(p for s, p in seen if s == sql)
+    # SQLAlchemy renders SQLite's LIMIT with "OFFSET ?", bound to 0: never a real offset.
+    assert "OFFSET" not in sql.upper() or (sql.upper().endswith("OFFSET ?") and params[-1] == 0)
+    async with engine.connect() as conn:
+        if backend == "postgres":
+            raw = (
+                await conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
+            ).scalar()
+            plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+            nodes = _plan_nodes(plan)
+            scans = [n for n in nodes if n["Node Type"] in ("Index Scan", "Index Only Scan")]
+            assert scans, nodes
+            assert scans[0]["Index Name"] == index
+            assert scans[0]["Scan Direction"] == "Backward"
+            assert scans[0]["Actual Rows"] <= 21  # the page and one more: is there a next?
+            assert "updated_at" in scans[0].get("Index Cond", ""), scans[0]
+            assert not [n for n in nodes if n["Node Type"] in ("Sort", "Seq Scan")]
+        else:
+            rows = (await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params)).all()
+            details = " | ".join(str(r[-1]) for r in rows)
+            assert f"USING INDEX {index}" in details, details
+            assert "(updated_at,id)<(?,?)" in details.replace(" ", ""), details
+            assert "TEMP B-TREE" not in details, details
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_walking_every_page_returns_list_once_including_ties(
+    backend: str, engine: AsyncEngine
+) -> None:
+    await _many_sessions(engine, 250)
+    tie = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    async with engine.begin() as conn:  # 40 sessions updated in the same microsecond
+        await conn.execute(update(sessions).where(sessions.c.id < "s00040").values(updated_at=tie))
+    store = SQLStore(engine)
+    for filter in (Filter("org", limit=7), Filter("org", user_id="alice", limit=6)):
+        walked = [s.id for page in await _walk(store, filter) for s in page.sessions]
+        listed = [s.id for s in await store.list(Filter(filter.org_id, user_id=filter.user_id))]
+        assert walked == listed
+        assert len(set(walked)) == len(walked)
+
+
+def _forged(payload: Any) -> str:
+    """A cursor with a valid checksum around any payload: checked field by field still."""
+    raw = json.dumps(payload).encode()
+    check = hashlib.sha256(b"durable-sessions page cursor\0" + raw).digest()[:8]
+    return base64.urlsafe_b64encode(check + raw).decode().rstrip("=")
+
+
+async def test_a_well_formed_cursor_with_wrong_fields_is_refused() -> None:
+    store = InMemoryStore()
+    filter = Filter("org", limit=1)
+    listing = hashlib.sha256(json.dumps(["org", None, None, None]).encode()).hexdigest()[:16]
+    assert (await store.list_page(filter, cursor=_forged(["p1", 0, "x", listing]))).sessions == []
+    for payload in (
+        ["p2", 0, "x", listing], ["p1", "0", "x", listing], ["p1", True, "x", listing],
+        ["p1", 0.5, "x", listing], ["p1", 10**30, "x", listing], ["p1", 0, 7, listing],
+        ["p1", 0, "", listing], ["p1", 0, "x" * 256, listing], ["p1", 0, "x\0", listing],
+        ["p1", 0, "x", 1], ["p1", 0, "x"], {"p1": 0}, "p1", None,
+    ):  # fmt: skip
+        with pytest.raises(InvalidArgumentError, match="not one this store made"):
+            await store.list_page(filter, cursor=_forged(payload))
+    with pytest.raises(InvalidArgumentError, match="another listing"):
+        await store.list_page(filter, cursor=_forged(["p1", 0, "x", "0" * 16]))
+    with pytest.raises(InvalidArgumentError, match="must be a Filter"):
+        await store.list_page("org")  # type: ignore[arg-type]

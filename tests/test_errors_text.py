@@ -22,7 +22,7 @@ from durable_sessions import (
     StoreError,
     StoreUnavailableError,
 )
-from durable_sessions.sql.runner import _translate, translated
+from durable_sessions.sql.translate import translate_error, translated
 from sqlhelpers import raw_pg
 
 NOT_DONE = "may not have completed"
@@ -123,7 +123,7 @@ def test_messages_never_carry_a_url_or_password() -> None:
     leaky = sqlite3.OperationalError(
         "cannot open postgresql://ada:s3cret@db/app with password=s3cret\nsecond line"
     )
-    message = str(_translate("get", leaky))
+    message = str(translate_error("get", leaky))
     assert "s3cret" not in message
     assert "second line" not in message
     assert "OperationalError: cannot open [...] with [...]" in message

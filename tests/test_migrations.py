@@ -333,7 +333,8 @@ async def test_unreachable_postgres_raises_store_unavailable() -> None:
             await upgrade(engine)
         message = str(info.value)
         assert "s3cret-pw" not in message
-        assert "127.0.0.1" not in message
+        assert "could not connect to the database" in message  # the driver's reason follows
+        assert "nothing was written" in message
         with pytest.raises(StoreUnavailableError):
             await is_current(engine)
     finally:

@@ -61,9 +61,9 @@ from .adk import _to_record, durable_session_id
 from .errors import InvalidArgumentError, SessionError
 from .model import new_id
 from .sql.dialect import dialect_ops
-from .sql.runner import translated
 from .sql.schema import app_state, events, sessions, user_state
 from .sql.store import SQLStore
+from .sql.translate import translated
 from .state import APP_PREFIX, USER_PREFIX, scope_of, validate_id, validate_key, validate_value
 
 __all__ = ["AdkImportCounts", "AdkImportError", "import_adk"]

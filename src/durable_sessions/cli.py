@@ -28,6 +28,7 @@ from .manager import Manager
 from .model import Filter, Session, utcnow
 from .prepare import purge_cutoff
 from .sql.store import SQLStore
+from .sql.translate import describe, driver_error, translate_error
 from .urls import async_url, sqlite_file
 
 if TYPE_CHECKING:
@@ -543,10 +544,10 @@ def _safe(url: URL) -> str:
 
 
 def _root_cause(exc: BaseException) -> str:
+    """The driver's own error behind ``exc``, as the error map describes it."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return describe(driver_error(exc))
 
 
 def _message(exc: BaseException, url: URL | None, args: argparse.Namespace | None = None) -> str:
@@ -581,7 +582,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CLIError as exc:
         print(f"{PROG}: error: {_message(exc, url, args)}", file=sys.stderr)
         return exc.code
-    except (SessionError, sa_exc.DBAPIError, OSError) as exc:
+    except sa_exc.DBAPIError as exc:  # raised outside a store operation: map it as one would
+        error = translate_error(PROG, exc)
+        error.__cause__ = exc
+        print(f"{PROG}: error: {_message(error, url, args)}", file=sys.stderr)
+        return 1
+    except (SessionError, OSError) as exc:
         if isinstance(exc, BrokenPipeError):  # the reader went away (e.g. `| head`)
             with suppress(OSError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -30,12 +30,11 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .errors import StoreUnavailableError
 from .sql.schema import VERSION_TABLE
+from .sql.translate import translated
 
 __all__ = ["current", "downgrade", "head", "is_current", "script_location", "upgrade"]
 
@@ -84,22 +83,6 @@ def _config(connection: Connection | None = None) -> Config:
     return cfg
 
 
-_CONNECT_ERRORS = (sa_exc.DBAPIError, OSError, asyncio.TimeoutError)
-"""What failing to open a connection raises: wrong host, port, database or credentials."""
-
-_DISCONNECT_ERRORS = (sa_exc.OperationalError, sa_exc.InterfaceError, OSError, asyncio.TimeoutError)
-"""What a broken or locked database raises once connected."""
-
-
-def _is_unavailable(exc: Exception, *, connected: bool) -> bool:
-    """Tell whether an exception means the database could not be reached or went away."""
-    if not connected:
-        return isinstance(exc, _CONNECT_ERRORS)
-    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
-        return True
-    return isinstance(exc, _DISCONNECT_ERRORS)
-
-
 async def _run(engine: AsyncEngine, fn: Callable[[Connection], _T], *, write: bool) -> _T:
     """Run ``fn`` on a synchronous view of one of the engine's connections.
 
@@ -113,13 +96,14 @@ async def _run(engine: AsyncEngine, fn: Callable[[Connection], _T], *, write: bo
 
     Raises:
         StoreUnavailableError: The database could not be reached or dropped the connection.
+        StoreError: The database failed a statement of the migration.
     """
-    dialect = engine.dialect.name
-    connected = False
-    try:
+    # The one error map: a database that cannot be reached is StoreUnavailableError with
+    # the driver's message. Migrations open SQLite files as SQLAlchemy does (creating a
+    # missing one); the command checks for the file itself where it must not.
+    with translated("migrate" if write else "read the schema revision", creates=True):
         async with engine.connect() as conn:
-            connected = True
-            if dialect == "postgresql":
+            if engine.dialect.name == "postgresql":
                 # Each statement sees what other migrators committed while this one waited
                 # for the advisory lock, whatever isolation level the engine defaults to.
                 await conn.execution_options(isolation_level="READ COMMITTED")
@@ -129,16 +113,6 @@ async def _run(engine: AsyncEngine, fn: Callable[[Connection], _T], *, write: bo
             else:
                 await conn.rollback()
             return result
-    except Exception as exc:
-        if _is_unavailable(exc, connected=connected):
-            cause: BaseException = exc
-            while cause.__cause__ is not None:  # name the driver's error, not a wrapper
-                cause = cause.__cause__
-            raise StoreUnavailableError(
-                f"the {dialect} database is unavailable for migrations "
-                f"({type(cause).__name__}); see the chained exception"
-            ) from exc
-        raise
 
 
 async def _run_command(engine: AsyncEngine, fn: Callable[[Connection], None]) -> None:

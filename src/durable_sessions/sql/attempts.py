@@ -1,4 +1,4 @@
-"""What a store operation knows about its connection attempts; read by ``runner.translated``.
+"""What a store operation knows about its connection attempts; read by ``translate.translated``.
 
 ``translated`` marks each store operation with an :class:`Attempt` in a context variable.
 Two process-wide SQLAlchemy listeners read it, and do nothing outside a store operation, so
@@ -34,6 +34,7 @@ class Attempt:
     """One store operation: its name, and whether it is opening a connection right now."""
 
     operation: str
+    creates: bool = False  # a migration: a SQLite file that does not exist is created
     connecting: bool = False
 
 
@@ -54,7 +55,7 @@ def _on_do_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any
     attempt = CURRENT.get()
     if attempt is None:
         return
-    if dialect.name == "sqlite":
+    if dialect.name == "sqlite" and not attempt.creates:
         path = _sqlite_path(cargs, cparams)
         if path is not None and not path.exists():
             raise SchemaNotMigratedError(

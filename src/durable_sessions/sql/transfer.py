@@ -37,7 +37,7 @@ from ..state import (
     validate_value,
 )
 from .dialect import dialect_ops
-from .runner import translated
+from .translate import translated
 from .schema import app_state, events, sessions, user_state
 from .store import SQLStore
 

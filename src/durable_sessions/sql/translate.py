@@ -1,0 +1,167 @@
+"""The one error map: driver and SQLAlchemy errors to the library's error tree.
+
+Used by the store's runner, the export and import, the migrations and the command line, so
+the same failure reads the same everywhere: the library's class, the operation, and the
+driver's own message (its first line, never a URL or password).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import exc as sa_exc
+
+from ..errors import SchemaNotMigratedError, SessionError, StoreError, StoreUnavailableError
+from .attempts import CURRENT, MIGRATE_HINT, Attempt
+
+__all__ = ["describe", "driver_error", "is_disconnect", "translate_error", "translated"]
+
+_MISSING_SCHEMA = ("no such table", "no such column", "does not exist")
+# Connection exceptions, authorisation, missing catalog (database), resources, shutdowns.
+_UNAVAILABLE_SQLSTATES = ("08", "28", "3D", "53", "57P")
+# Raised only by a connection attempt: authorisation, no such database, too many
+# connections, the server starting up.
+_CONNECT_SQLSTATES = ("28", "3D", "53300", "57P03")
+_HINT = MIGRATE_HINT
+# What must never reach a message: a URL or DSN (it may carry a password), password=...
+_SECRETS = re.compile(r"[a-z][a-z0-9+.-]*://\S*|\bpassword\s*[=:]\s*\S*", re.IGNORECASE)
+_BACKGROUND = re.compile(r"\s*\(Background on this error at:[^)]*\)")
+
+
+@contextmanager
+def translated(operation: str, *, writes: bool = True, creates: bool = False) -> Iterator[None]:
+    """Turn driver and SQLAlchemy errors into the library's error tree.
+
+    The error names the driver's own message (never a URL or password). It says the
+    operation may not have completed only when ``writes`` and a connection was made, for
+    then a write may have reached the server; a failed connection attempt wrote nothing.
+    A SQLite file that does not exist is not created (``SchemaNotMigratedError``), unless
+    ``creates`` (migrations).
+    """
+    attempt = Attempt(operation, creates=creates)
+    token = CURRENT.set(attempt)
+
+    def mapped(exc: BaseException) -> SessionError:
+        return translate_error(operation, exc, writes=writes, connecting=attempt.connecting)
+
+    try:
+        yield
+    except SessionError:
+        raise
+    except (
+        sa_exc.DBAPIError,
+        sqlite3.Error,
+        OSError,
+        TimeoutError,
+        sa_exc.DisconnectionError,
+        sa_exc.TimeoutError,
+    ) as exc:
+        raise mapped(exc) from exc
+    except Exception as exc:
+        # asyncpg's own errors, and SQLAlchemy's adapters of them (raised by the pool).
+        if type(exc).__module__.startswith(("asyncpg", "sqlalchemy.dialects")):
+            raise translate_error(
+                operation, exc, writes=writes, connecting=attempt.connecting
+            ) from exc
+        raise
+    finally:
+        try:
+            CURRENT.reset(token)
+        except ValueError:  # left in another context (an async generator moved on)
+            CURRENT.set(None)
+
+
+def driver_error(exc: BaseException) -> BaseException:
+    """The driver's own exception behind SQLAlchemy's wrappers and adapters."""
+    found = getattr(exc, "orig", None) or exc
+    while type(found).__module__.startswith("sqlalchemy") and found.__cause__ is not None:
+        found = found.__cause__
+    return found
+
+
+def describe(exc: BaseException) -> str:
+    """``Name: the driver's message``: its first line, without a URL or password."""
+    text = _BACKGROUND.sub("", str(exc)).strip()
+    line = " ".join(text.splitlines()[0].split()) if text else ""
+    line = _SECRETS.sub("[...]", line)
+    if len(line) > 300:
+        line = line[:297] + "..."
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def translate_error(
+    operation: str, exc: BaseException, *, writes: bool = True, connecting: bool = False
+) -> SessionError:
+    """The library's error for a driver or SQLAlchemy error raised during ``operation``."""
+    orig = driver_error(exc)
+    cause = describe(orig)
+    text = str(orig).lower()
+    sqlstate = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
+    if sqlstate in ("42P01", "42703") or (
+        type(orig).__name__ in ("OperationalError", "ProgrammingError")
+        and any(marker in text for marker in _MISSING_SCHEMA)
+        and not sqlstate.startswith(_CONNECT_SQLSTATES)  # 3D000: the database does not exist
+    ):
+        return SchemaNotMigratedError(
+            f"{operation}: the database schema is missing or out of date ({cause}); {_HINT}"
+        )
+    if isinstance(exc, sa_exc.TimeoutError):  # the pool had no connection free in time
+        return StoreUnavailableError(
+            f"{operation}: no pooled connection became free in time ({cause}); nothing was written"
+        )
+    never_connected = (
+        connecting
+        or sqlstate.startswith(_CONNECT_SQLSTATES)
+        or isinstance(orig, (ConnectionRefusedError, socket.gaierror))
+        or (isinstance(orig, sqlite3.Error) and "unable to open database file" in text)
+    )
+    if never_connected:
+        return StoreUnavailableError(
+            f"{operation}: could not connect to the database ({cause}); nothing was written"
+        )
+    if (
+        is_disconnect(orig)
+        or getattr(exc, "connection_invalidated", False)
+        or sqlstate.startswith(_UNAVAILABLE_SQLSTATES)
+    ):
+        if not writes:
+            return StoreUnavailableError(
+                f"{operation}: the connection to the database failed ({cause})"
+            )
+        return StoreUnavailableError(
+            f"{operation}: the connection to the database failed ({cause}); the operation may "
+            "not have completed: read back before retrying"
+        )
+    if "database is locked" in text or "database is busy" in text:
+        return StoreUnavailableError(
+            f"{operation}: the database stayed locked past the busy timeout ({cause}); "
+            "nothing was written"
+        )
+    return StoreError(f"{operation}: the database failed ({cause}); nothing was written")
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection is gone or unusable."""
+    if isinstance(exc, (OSError, ConnectionError, TimeoutError)):
+        return True
+    module = type(exc).__module__
+    if module.startswith("asyncpg"):
+        import asyncpg  # type: ignore[import-untyped]
+
+        return isinstance(
+            exc,
+            (
+                asyncpg.PostgresConnectionError,
+                asyncpg.InterfaceError,
+                asyncpg.exceptions.AdminShutdownError,
+                asyncpg.exceptions.CannotConnectNowError,
+                # The protocol is stuck mid-operation (e.g. the server ended the session
+                # under it): the connection cannot be used again.
+                asyncpg.InternalClientError,
+            ),
+        )
+    return False

@@ -13,8 +13,10 @@ import pytest
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from citus_rules import recording
 from durable_sessions import InMemoryStore, SQLStore, Store
-from sqlhelpers import SQL_BACKENDS, raw_pg
+from durable_sessions.sql.citus import SETTING
+from sqlhelpers import PG_DISTRIBUTED, SQL_BACKENDS, raw_pg
 
 POSTGRES_ENV = "DURABLE_SESSIONS_TEST_POSTGRES_URL"
 
@@ -76,10 +78,11 @@ def fresh_pg_url(pg_base_url: str) -> Iterator[Callable[[], str]]:
         drop_pg_database(pg_base_url, url)
 
 
-@pytest.fixture(scope="session")
-def migrated_pg_url(pg_base_url: str) -> Iterator[str]:
-    """One migrated Postgres database for the whole run; tests truncate it before use."""
+def _migrated_pg_database(pg_base_url: str, *, distributed: bool = False) -> str:
     url = create_pg_database(pg_base_url)
+    if distributed:
+        name = make_url(url).database
+        _run_admin(pg_base_url, f'ALTER DATABASE "{name}" SET {SETTING} = on')
 
     async def migrate() -> None:
         engine = create_async_engine(url)
@@ -90,6 +93,22 @@ def migrated_pg_url(pg_base_url: str) -> Iterator[str]:
 
     with ThreadPoolExecutor(1) as pool:  # its own loop, even if a test's loop is running
         pool.submit(asyncio.run, migrate()).result()
+    return url
+
+
+@pytest.fixture(scope="session")
+def migrated_pg_url(pg_base_url: str) -> Iterator[str]:
+    """One migrated Postgres database for the whole run; tests truncate it before use."""
+    url = _migrated_pg_database(pg_base_url)
+    yield url
+    drop_pg_database(pg_base_url, url)
+
+
+@pytest.fixture(scope="session")
+def migrated_pg_distributed_url(pg_base_url: str) -> Iterator[str]:
+    """Like ``migrated_pg_url``, for distributed mode: every store on it runs in that mode
+    (the database's ``durable_sessions.distributed`` is on)."""
+    url = _migrated_pg_database(pg_base_url, distributed=True)
     yield url
     drop_pg_database(pg_base_url, url)
 
@@ -105,7 +124,7 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite+aiosqlite:///{tmp_path / 'sessions.db'}"
 
 
-BACKENDS = [pytest.param("memory", marks=pytest.mark.memory), *SQL_BACKENDS]
+BACKENDS = [pytest.param("memory", marks=pytest.mark.memory), *SQL_BACKENDS, PG_DISTRIBUTED]
 
 
 @pytest.fixture
@@ -114,6 +133,8 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     backend = request.getfixturevalue("backend")
     if backend == "sqlite":
         return str(request.getfixturevalue("sqlite_url"))
+    if backend == "postgres-distributed":
+        return str(request.getfixturevalue("migrated_pg_distributed_url"))
     return str(request.getfixturevalue("migrated_pg_url"))
 
 
@@ -131,7 +152,7 @@ async def engine(backend: str, backend_url: str) -> AsyncIterator[AsyncEngine]:
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    """Which store the test runs against: memory, sqlite or postgres."""
+    """Which store the test runs against: memory, sqlite, postgres or postgres-distributed."""
     return str(request.param)
 
 
@@ -141,4 +162,16 @@ def store(request: pytest.FixtureRequest, backend: str) -> Store:
     if backend == "memory":
         return InMemoryStore()
     eng: AsyncEngine = request.getfixturevalue("engine")
+    if backend == "postgres-distributed":
+        # Asked for explicitly (the database's setting agrees); every statement the store
+        # compiles is checked against Citus's router rules as it is compiled.
+        request.getfixturevalue("_router_rules")
+        return SQLStore(eng, distributed=True)
     return SQLStore(eng)
+
+
+@pytest.fixture
+def _router_rules(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
+    """Check every statement a distributed store compiles in the test (``citus_rules``)."""
+    with recording(monkeypatch) as seen:
+        yield seen

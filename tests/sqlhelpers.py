@@ -16,6 +16,9 @@ SQL_BACKENDS = [
     pytest.param("sqlite", marks=pytest.mark.sqlite),
     pytest.param("postgres", marks=pytest.mark.postgres),
 ]
+PG_DISTRIBUTED = pytest.param("postgres-distributed", marks=pytest.mark.postgres_distributed)
+"""Postgres in distributed mode (Citus's shape: stepwise writes), forced on plain Postgres:
+its database has ``durable_sessions.distributed = on``, so every store on it runs so."""
 
 
 @contextmanager

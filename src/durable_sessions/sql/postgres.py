@@ -55,10 +55,54 @@ from .statements import (
     Statements,
 )
 
-__all__ = ["PostgresPrograms", "PostgresStatements"]
+__all__ = ["PostgresPrograms", "PostgresReads", "PostgresShapes", "PostgresStatements"]
 
 
-class PostgresStatements(Statements):
+class PostgresShapes(Statements):
+    """What Postgres runs in either mode (one statement per operation, or distributed):
+    row locks, a session read with its transcript in one statement, ``lock_timeout``."""
+
+    def __init__(self, ops: DialectOps, dialect: Dialect) -> None:
+        super().__init__(ops, dialect)
+        c = self.compile
+        self.pg_lock_session = c(select(S.c.version).where(SESSION_KEY).with_for_update())
+        self.lock_timeout = c(
+            select(
+                func.set_config(literal("lock_timeout"), bindparam("v_wait", type_=Text), true())
+            )
+        )
+
+    def locked(self, query: Select[Any]) -> Select[Any]:
+        """``query ... FOR UPDATE``."""
+        return query.with_for_update()
+
+    def pg_get_with_events(self, has_after: bool, has_limit: bool) -> Any:
+        """Postgres: a session, its shared state and its events in one statement.
+
+        The events come as one jsonb array of ``[seq, id, author, invocation_id, content,
+        state_delta, tokens, epoch microseconds]`` rows, oldest first.
+        """
+        chosen = self.events_query(has_after, has_limit).subquery("chosen")
+        micros = cast(extract("epoch", chosen.c.timestamp) * 1_000_000, BigInteger)
+        item = func.jsonb_build_array(
+            *[chosen.c[col.name] for col in EVENT_COLUMNS if col.name != "timestamp"], micros
+        )
+        transcript = (
+            select(func.jsonb_agg(aggregate_order_by(item, chosen.c.seq)))
+            .scalar_subquery()
+            .label("events")
+        )
+        return select(*META, *self.state_columns(), transcript).where(SESSION_KEY)
+
+    def event_contents(self, has_limit: bool) -> Any:
+        """A session's event contents, oldest first, as ONE JSON array in one text value."""
+        rows = self.chosen_contents(has_limit)
+        # json_agg of jsonb values: their canonical text, joined; no jsonb re-parse.
+        whole = func.json_agg(aggregate_order_by(rows.c.content, rows.c.seq))
+        return select(cast(whole, Text).label("contents"))
+
+
+class PostgresStatements(PostgresShapes):
     """Postgres's statements: whole operations as one statement each (data-modifying CTEs)."""
 
     def __init__(self, ops: DialectOps, dialect: Dialect) -> None:
@@ -112,44 +156,7 @@ class PostgresStatements(Statements):
         self.pg_delete = c(delete(S).where(SESSION_KEY).returning(S.c.id).add_cte(gone))
         self.pg_fork = c(self._pg_fork())
         self.pg_append_many = c(self._pg_append_many())
-        self.pg_lock_session = c(select(S.c.version).where(SESSION_KEY).with_for_update())
         self.pg_truncate = c(self._pg_truncate())
-        self.lock_timeout = c(
-            select(
-                func.set_config(literal("lock_timeout"), bindparam("v_wait", type_=Text), true())
-            )
-        )
-
-    def locked(self, query: Select[Any]) -> Select[Any]:
-        """``query ... FOR UPDATE``."""
-        return query.with_for_update()
-
-    def pg_get_with_events(self, has_after: bool, has_limit: bool) -> Any:
-        """Postgres: a session, its shared state and its events in one statement.
-
-        The events come as one jsonb array of ``[seq, id, author, invocation_id, content,
-        state_delta, tokens, epoch microseconds]`` rows, oldest first.
-        """
-        chosen = self.events_query(has_after, has_limit).subquery("chosen")
-        micros = cast(extract("epoch", chosen.c.timestamp) * 1_000_000, BigInteger)
-        item = func.jsonb_build_array(
-            *[chosen.c[col.name] for col in EVENT_COLUMNS if col.name != "timestamp"], micros
-        )
-        transcript = (
-            select(func.jsonb_agg(aggregate_order_by(item, chosen.c.seq)))
-            .scalar_subquery()
-            .label("events")
-        )
-        user_agg = self._user_agg(S.c.org_id, S.c.app_name, S.c.user_id)
-        app_agg = self._app_agg(S.c.org_id, S.c.app_name)
-        return select(*META, S.c.state, user_agg, app_agg, transcript).where(SESSION_KEY)
-
-    def event_contents(self, has_limit: bool) -> Any:
-        """A session's event contents, oldest first, as ONE JSON array in one text value."""
-        rows = self.chosen_contents(has_limit)
-        # json_agg of jsonb values: their canonical text, joined; no jsonb re-parse.
-        whole = func.json_agg(aggregate_order_by(rows.c.content, rows.c.seq))
-        return select(cast(whole, Text).label("contents"))
 
     def _shared_writes(self, driver: CTE, *, deletes: bool = True) -> list[CTE]:
         """Upserts and deletes of shared keys, done only when ``driver`` returned its row.
@@ -236,8 +243,8 @@ class PostgresStatements(Statements):
         return select(
             *[child.c[col.name] for col in META],
             child.c.state,
-            self._user_agg(child.c.org_id, child.c.app_name, child.c.user_id),
-            self._app_agg(child.c.org_id, child.c.app_name),
+            self._user_agg(bindparam("k_org"), child.c.app_name, child.c.user_id),
+            self._app_agg(bindparam("k_org"), child.c.app_name),
         ).add_cte(copied.cte("copied"))
 
     def _pg_append_many(self) -> Any:
@@ -331,14 +338,33 @@ class PostgresStatements(Statements):
         return select(cut.c.version, transcript)
 
 
-class PostgresPrograms(Programs):
+class PostgresReads(Programs):
+    """What Postgres runs in either mode: a session with its transcript in one statement,
+    and ``lock_timeout`` for batched deletes."""
+
+    q: PostgresShapes
+
+    def lock_wait(self, wait: float) -> Program[None]:
+        yield Query(self.q.lock_timeout, {"v_wait": f"{max(1, int(wait * 1000))}ms"})
+
+    def get_with_events(self, shape: tuple[bool, bool], params: dict[str, Any]) -> Job[Session]:
+        stmt = self.q.shape(("get+events", *shape), lambda: self.q.pg_get_with_events(*shape))
+        return Job(self._get_with_events(stmt, params), "read")
+
+    def _get_with_events(self, stmt: Any, params: dict[str, Any]) -> Program[Session]:
+        row = (yield Query(stmt, params)).first()
+        if row is None:
+            raise SessionNotFoundError(params["k_org"], params["k_id"])
+        session = session_with_state(row)
+        session.events = [event_from_array(item) for item in row.events or ()]
+        return session
+
+
+class PostgresPrograms(PostgresReads):
     """Postgres's writes: one statement each (atomic by itself: no BEGIN/COMMIT round trips),
     but for the saves that delete shared keys and a truncation that lost a race."""
 
     q: PostgresStatements
-
-    def lock_wait(self, wait: float) -> Program[None]:
-        yield Query(self.q.lock_timeout, {"v_wait": f"{max(1, int(wait * 1000))}ms"})
 
     def create(self, row: dict[str, Any], delta: ScopedDelta) -> Job[tuple[Any, Any]]:
         return Job(self._create(row, delta), "atomic")
@@ -352,18 +378,6 @@ class PostgresPrograms(Programs):
         # The statement's read predates its own writes: lay the new shared keys over it.
         return shared_items({**(found.user_state or {}), **delta.user_set},
                             {**(found.app_state or {}), **delta.app_set})  # fmt: skip
-
-    def get_with_events(self, shape: tuple[bool, bool], params: dict[str, Any]) -> Job[Session]:
-        stmt = self.q.shape(("get+events", *shape), lambda: self.q.pg_get_with_events(*shape))
-        return Job(self._get_with_events(stmt, params), "read")
-
-    def _get_with_events(self, stmt: Any, params: dict[str, Any]) -> Program[Session]:
-        row = (yield Query(stmt, params)).first()
-        if row is None:
-            raise SessionNotFoundError(params["k_org"], params["k_id"])
-        session = session_with_state(row)
-        session.events = [event_from_array(item) for item in row.events or ()]
-        return session
 
     def update(self, params: dict[str, Any], delta: ScopedDelta) -> Job[int]:
         # A delete of a shared key is checked against the value read, under a row lock taken

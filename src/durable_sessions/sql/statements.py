@@ -115,9 +115,7 @@ class Statements:
         self._shapes: dict[Hashable, Compiled] = {}
         c = self.compile
 
-        user_agg = self._user_agg(S.c.org_id, S.c.app_name, S.c.user_id)
-        app_agg = self._app_agg(S.c.org_id, S.c.app_name)
-        self.get = c(select(*META, S.c.state, user_agg, app_agg).where(SESSION_KEY))
+        self.get = c(select(*META, *self.state_columns()).where(SESSION_KEY))
         self.shared = c(
             select(
                 self._user_agg(bindparam("k_org"), bindparam("k_app"), bindparam("k_user")),
@@ -182,11 +180,20 @@ class Statements:
         return found
 
     def state_columns(self) -> list[Any]:
-        """A session row's private state and its shared state, as columns of one select."""
+        """A session row's private state and its shared state, as columns of one select
+        whose sessions are filtered on ``org_id = :k_org``.
+
+        The shared-state subqueries take the organisation from that bound parameter, not
+        from the session row: every table of the statement is then filtered on the same
+        bound value, which is what lets Citus route it to the one shard holding that
+        organisation (a correlation on ``ds_sessions.org_id`` sends it to every shard). On
+        one Postgres the plans are the same (``tests/test_distributed.py`` compares them).
+        """
+        org: Any = bindparam("k_org")
         return [
             S.c.state,
-            self._user_agg(S.c.org_id, S.c.app_name, S.c.user_id),
-            self._app_agg(S.c.org_id, S.c.app_name),
+            self._user_agg(org, S.c.app_name, S.c.user_id),
+            self._app_agg(org, S.c.app_name),
         ]
 
     def events_query(self, has_after: bool, has_limit: bool) -> Any:

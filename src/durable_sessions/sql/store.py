@@ -36,6 +36,7 @@ from ..prepare import (
 )
 from ..state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, scope_of, validate_id
 from ..store import check_after_seq
+from .citus import detect_distributed, make_distributed
 from .dialect import dialect_ops, install_sqlite_pragmas
 from .postgres import PostgresPrograms, PostgresStatements
 from .programs import (
@@ -47,6 +48,7 @@ from .programs import (
 )
 from .runner import make_runner
 from .sqlite import SQLitePrograms, SQLiteStatements
+from .statements import Statements
 
 __all__ = ["SQLStore"]
 
@@ -97,9 +99,15 @@ class SQLStore:
             ``DeletionIncompleteError``.
         max_value_bytes: The largest state value or event content accepted, as UTF-8 JSON;
             larger ones raise ``InvalidStateError``. None removes the limit.
+        distributed: Postgres only: run every operation on one organisation's shard, for
+            tables distributed by ``org_id`` (Citus; see ``sql/citus.py``): writes as one
+            transaction of single-table statements instead of one statement each. None
+            (the default) decides on first use: on when the database has the ``citus``
+            extension, unless its setting ``durable_sessions.distributed`` is on or off.
 
     Raises:
-        InvalidArgumentError: the engine is not async or its driver is not supported.
+        InvalidArgumentError: the engine is not async or its driver is not supported, or
+            ``distributed`` is asked of SQLite.
     """
 
     def __init__(
@@ -109,6 +117,7 @@ class SQLStore:
         busy_timeout: float = 30.0,
         lock_timeout: float = 30.0,
         max_value_bytes: int | None = DEFAULT_MAX_VALUE_BYTES,
+        distributed: bool | None = None,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
             raise InvalidArgumentError(
@@ -119,13 +128,18 @@ class SQLStore:
         self.max_value_bytes = check_max_bytes(max_value_bytes)
         self.lock_timeout = check_timeout("lock_timeout", lock_timeout)
         ops = dialect_ops(engine.dialect.name, engine.dialect.driver)
-        self._programs: Programs
+        self._ops = ops
+        self._chosen: Programs | None = None
+        self._distributed: bool | None = None
         if ops.is_postgres:
-            self._programs = PostgresPrograms(PostgresStatements(ops, engine.dialect))
+            if distributed is not None:
+                self._choose(distributed)
+        elif distributed:
+            raise InvalidArgumentError("distributed mode is for Postgres (Citus), not SQLite")
         else:
             install_sqlite_pragmas(engine.sync_engine, int(busy_timeout * 1000))
-            self._programs = SQLitePrograms(SQLiteStatements(ops, engine.dialect))
-        self._q = self._programs.q
+            self._chosen = SQLitePrograms(SQLiteStatements(ops, engine.dialect))
+            self._distributed = False
         self._runner = make_runner(engine)
 
     @classmethod
@@ -149,6 +163,36 @@ class SQLStore:
     def engine(self) -> AsyncEngine:
         """The engine the store runs on."""
         return self._engine
+
+    @property
+    def distributed(self) -> bool | None:
+        """Whether the store runs in distributed mode; None until its first operation
+        decides (Postgres with ``distributed=None``)."""
+        return self._distributed
+
+    @property
+    def _programs(self) -> Programs:
+        if self._chosen is None:  # the mode is not decided yet (_ready): one Postgres's
+            self._chosen = PostgresPrograms(PostgresStatements(self._ops, self._engine.dialect))
+        return self._chosen
+
+    @property
+    def _q(self) -> Statements:
+        return self._programs.q
+
+    def _choose(self, distributed: bool) -> None:
+        if distributed:
+            self._chosen = make_distributed(self._ops, self._engine.dialect)
+        elif not isinstance(self._chosen, PostgresPrograms):
+            self._chosen = PostgresPrograms(PostgresStatements(self._ops, self._engine.dialect))
+        self._distributed = distributed
+
+    async def _ready(self, operation: str) -> None:
+        """Decide the mode on first use, once (every operation awaits this before it
+        builds its program): Postgres with ``distributed=None`` asks the database."""
+        if self._distributed is None:
+            program = detect_distributed(self._engine.dialect)
+            self._choose(await self._runner.run(program, "read", operation))
 
     async def close(self) -> None:
         """Dispose the engine if this store created it (``from_url``); otherwise do nothing."""
@@ -177,6 +221,7 @@ class SQLStore:
             "message_count": 0, "token_total": 0, "event_seq": 0, "version": 1,
             "incarnation": new_id(),
         }  # fmt: skip
+        await self._ready("create")
         user, app = await self._run(self._programs.create(row, delta), "create")
         temp = {k: v for k, v in session.state.items() if scope_of(k) == "temp"}
         session.state = {**merge_state(delta.private_set, user, app), **temp}
@@ -190,6 +235,7 @@ class SQLStore:
     async def get(self, org_id: str, session_id: str) -> Session:
         """Return a session with its private and shared state merged into ``state``."""
         check_session(org_id, session_id)
+        await self._ready("get")
         return await self._runner.run(self._programs.get(org_id, session_id), "read", "get")
 
     async def get_with_events(
@@ -202,6 +248,7 @@ class SQLStore:
     ) -> Session:
         """Return a session with its state, and its events in ``events`` (see ``Store``)."""
         shape, params = _events_read(org_id, session_id, limit, after)
+        await self._ready("get")
         return await self._run(self._programs.get_with_events(shape, params), "get")
 
     async def update(self, session: Session) -> Session:
@@ -214,6 +261,7 @@ class SQLStore:
             # The version check makes the stored private state equal to what this copy read.
             "v_state": {k: v for k, v in session.state.items() if scope_of(k) == "private"},
         }  # fmt: skip
+        await self._ready("update")
         session.version = await self._run(self._programs.update(params, delta), "update")
         session.updated_at = now
         session.mark_persisted()
@@ -222,6 +270,7 @@ class SQLStore:
     async def delete(self, org_id: str, session_id: str) -> None:
         """Delete a session with its private state and events."""
         check_session(org_id, session_id)
+        await self._ready("delete")
         await self._run(self._programs.delete(org_id, session_id), "delete")
 
     async def list(self, filter: Filter) -> builtins.list[Session]:
@@ -233,6 +282,7 @@ class SQLStore:
             bool(filter.limit),
             filter.with_state,
         )
+        await self._ready("list")
         stmt = self._q.shape(("list", *shape), lambda: self._q.list_query(*shape))
         params = {
             "k_org": filter.org_id, "k_user": filter.user_id, "k_app": filter.app_name,
@@ -253,6 +303,7 @@ class SQLStore:
             filter.with_state,
             position is not None,
         )
+        await self._ready("list")
         stmt = self._q.shape(("list", *shape), lambda: self._q.list_query(*shape))
         params = {
             "k_org": filter.org_id, "k_user": filter.user_id, "k_app": filter.app_name,
@@ -281,6 +332,7 @@ class SQLStore:
             "k_org": org_id, "k_id": session_id, "v_tokens": stored.tokens, "v_now": utcnow(),
             "v_expected": expected_version, "v_incarnation": incarnation,
         }  # fmt: skip
+        await self._ready("append_event")
         stored.seq = await self._run(self._programs.append(params, stored, delta), "append_event")
         return stored
 
@@ -294,6 +346,7 @@ class SQLStore:
     ) -> builtins.list[Event]:
         """Return a session's events, oldest first (newest ``limit``, later than ``after``)."""
         shape, params = _events_read(org_id, session_id, limit, after)
+        await self._ready("list_events")
         stmt = self._q.shape(("events", *shape), lambda: self._q.events_query(*shape))
         program = self._programs.events(stmt, params)
         found = await self._runner.run(program, "read", "list_events")
@@ -317,6 +370,7 @@ class SQLStore:
             "k_org": org_id, "k_id": session_id, "v_messages": messages, "v_tokens": tokens,
             "v_title": title, "v_now": utcnow(), "v_incarnation": incarnation,
         }  # fmt: skip
+        await self._ready("touch")
         return await self._runner.run(self._programs.touch(params), "atomic", "touch")
 
     async def fork(
@@ -333,6 +387,7 @@ class SQLStore:
             "k_org": org_id, "k_id": session_id, "k_child": child_id, "v_now": utcnow(),
             "v_with_events": with_events, "v_child_incarnation": new_id(),
         }  # fmt: skip
+        await self._ready("fork")
         return await self._run(self._programs.fork(params), "fork")
 
     # -- retention -------------------------------------------------------------------------------
@@ -345,6 +400,7 @@ class SQLStore:
         does. Lock waits and deadlocks roll a batch back and it is tried again, until
         ``lock_timeout`` has passed in all; then ``DeletionIncompleteError`` says what is left.
         """
+        await self._ready(kind)
         batch = self._q.retention(kind)
         deadline = time.monotonic() + self.lock_timeout
         total = 0
@@ -380,6 +436,7 @@ class SQLStore:
         """
         params = {"k_org": org_id, "k_cutoff": check_purge(org_id, older_than, utcnow())}
         if dry_run:
+            await self._ready("purge")
             count = self._programs.count(self._q.retention("purge").remaining, params)
             return await self._runner.run(count, "read", "purge")
         return await self._delete_all("purge", params)
@@ -401,6 +458,7 @@ class SQLStore:
         """
         check_delete_user(org_id, user_id)
         params = {"k_org": org_id, "k_user": user_id}
+        await self._ready("delete_user")
         return await self._delete_all("delete_user", params, self._q.drop_user_state)
 
     async def get_shared_state(self, org_id: str, app_name: str, user_id: str) -> dict[str, Any]:
@@ -409,6 +467,7 @@ class SQLStore:
         validate_id("app_name", app_name, allow_empty=True)
         validate_id("user_id", user_id)
         params = {"k_org": org_id, "k_app": app_name, "k_user": user_id}
+        await self._ready("get_shared_state")
         program = self._programs.rows(self._q.shared, params, lambda row: row)
         (row,) = await self._runner.run(program, "read", "get_shared_state")
         return merge_state({}, *shared_items(row.user_state, row.app_state))
@@ -435,6 +494,7 @@ class SQLStore:
             "k_org": org_id, "k_id": session_id, "v_now": utcnow(),
             "v_expected": expected_version, "v_incarnation": incarnation,
         }  # fmt: skip
+        await self._ready("append_events")
         if not prepared:
             await self._runner.run(self._programs.check_guard(params), "read", "append_events")
             return []
@@ -474,6 +534,7 @@ class SQLStore:
             "k_org": org_id, "k_id": session_id, "k_after_seq": after_seq, "v_now": utcnow(),
             "v_expected": expected_version, "v_incarnation": incarnation,
         }  # fmt: skip
+        await self._ready("truncate_events")
         for job in self._programs.truncate(params):
             removed = await self._run(job, "truncate_events")
             if removed is not None:
@@ -489,6 +550,7 @@ class SQLStore:
         """
         _, params = _events_read(org_id, session_id, limit, None)
         has_limit = limit is not None
+        await self._ready("list_events")
         stmt = self._q.shape(("contents", has_limit), lambda: self._q.event_contents(has_limit))
         program = self._programs.contents(stmt, params)
         return await self._runner.run(program, "read", "list_events")

@@ -1,0 +1,352 @@
+"""Writes as one transaction of single-table steps: SQLite always, Postgres in distributed mode.
+
+Every step is one statement on one table, and every table it reads or writes is filtered on
+the bound organisation (``k_org``); no step is a data-modifying CTE. That is the shape SQLite
+needs (one statement per table) and the shape Citus routes to the one worker holding the
+organisation, committing there with a plain COMMIT.
+
+SQLite takes its write lock up front (``BEGIN IMMEDIATE``): the steps see and change the
+database alone. Postgres runs them in one transaction at READ COMMITTED (``row_locks``), so
+the steps that read and then write lock first: fork locks the parent before copying its
+transcript, truncation locks the session row before deleting events, an append merges its
+private delta in the UPDATE (``jsonb ||``) rather than reading it first, and a save's shared
+deletes lock their rows (``Statements.locked``). Locks are taken in one order everywhere: the
+session row, then ``user:`` keys, then ``app:`` keys, each in sorted order.
+"""
+
+from __future__ import annotations
+
+import builtins
+from datetime import datetime
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy import BigInteger, Table, bindparam, case, delete, insert, literal, select, update
+from sqlalchemy.engine import Dialect
+
+from ..errors import SessionExistsError, SessionNotFoundError, StaleSessionError
+from ..model import Event, Session
+from ..prepare import fork_state, merge_state
+from ..state import ScopedDelta
+from .dialect import DialectOps
+from .programs import Job, Programs, event_from_row, session_from_row, shared_items
+from .runner import Program, Query
+from .schema import app_state, events, user_state
+from .statements import (
+    APP_KEY,
+    EVENT_COLUMNS,
+    EVENTS_KEY,
+    META,
+    NOW,
+    SESSION_KEY,
+    USER_KEY,
+    S,
+    Statements,
+)
+
+__all__ = ["StepwisePrograms", "StepwiseStatements", "bound_row"]
+
+
+def bound_row(table: Table) -> dict[str, Any]:
+    """The VALUES of a one-row insert into ``table``: ``org_id`` bound to ``k_org`` (as in
+    every other statement), each other column to a parameter of its own name."""
+    return {
+        col.name: bindparam("k_org" if col.name == "org_id" else col.name, type_=col.type)
+        for col in table.c
+    }
+
+
+class StepwiseStatements(Statements):
+    """The single-table steps of the write transactions (``StepwisePrograms``)."""
+
+    def __init__(self, ops: DialectOps, dialect: Dialect) -> None:
+        super().__init__(ops, dialect)
+        c = self.compile
+        self.insert_session = c(ops.insert_if_absent(S).values(bound_row(S)).returning(S.c.id))
+        self.upsert_user = c(self._upsert(user_state, USER_KEY))
+        self.upsert_app = c(self._upsert(app_state, APP_KEY))
+        self.delete_user_keys = c(
+            delete(user_state).where(
+                user_state.c.org_id == bindparam("k_org"),
+                user_state.c.app_name == bindparam("k_app"),
+                user_state.c.user_id == bindparam("k_user"),
+                ops.in_list(user_state.c.key, "k_keys"),
+            )
+        )
+        self.delete_app_keys = c(
+            delete(app_state).where(
+                app_state.c.org_id == bindparam("k_org"),
+                app_state.c.app_name == bindparam("k_app"),
+                ops.in_list(app_state.c.key, "k_keys"),
+            )
+        )
+        self.update = c(self._update().returning(S.c.version, S.c.app_name, S.c.user_id))
+        self.append = c(self._append(merge=False).returning(*self._append_returning()))
+        self.private_state = c(select(S.c.state).where(SESSION_KEY))
+        # Merges v_private_delta in SQL where the dialect can (Postgres), else writes
+        # v_private_state, merged in Python under SQLite's write lock.
+        self.append_private = c(self._append(merge=True).returning(*self._append_returning()))
+        self.insert_event = c(insert(events).values(bound_row(events)))
+        self.delete_events = c(delete(events).where(EVENTS_KEY))
+        self.delete_session = c(delete(S).where(SESSION_KEY))
+        # fork: the parent, locked (Postgres) so that no append lands while its transcript
+        # is copied; SQLite's write lock, taken up front, does the same.
+        self.parent = c(self.locked(select(*META, S.c.state, S.c.event_seq).where(SESSION_KEY)))
+        copied = select(events.c.org_id, bindparam("k_child"), *EVENT_COLUMNS).where(EVENTS_KEY)
+        self.copy_events = c(
+            insert(events).from_select(
+                ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], copied
+            )
+        )
+        self.append_many_plain = c(self.append_many(merge=False))
+        self.append_many_private = c(self.append_many(merge=True))
+        # truncate: lock the session row (Postgres), delete the events after k_after_seq,
+        # returning them, then take what they added off the counters (_truncate_session).
+        self.lock_session = c(self.locked(select(S.c.version).where(SESSION_KEY)))
+        after = bindparam("k_after_seq", type_=BigInteger)
+        self.truncate_removed = c(
+            delete(events).where(EVENTS_KEY, events.c.seq > after).returning(*EVENT_COLUMNS)
+        )
+        self.truncate_session = c(self._truncate_session())
+
+    def _upsert(self, table: Table, keys: list[str]) -> Any:
+        stmt = self.ops.insert(table).values(bound_row(table))
+        return self.ops.on_conflict_update(stmt, keys, ["value", "updated_at"])
+
+    def _truncate_session(self) -> Any:
+        """Take ``v_count`` events and ``v_tokens`` tokens off a session's counters and its
+        seq back to ``k_after_seq`` (never forward). No row: the guard failed."""
+        after = bindparam("k_after_seq", type_=BigInteger)
+        count = bindparam("v_count", type_=BigInteger)
+        tokens = bindparam("v_tokens", type_=BigInteger)
+        zero = literal(0, BigInteger)
+        return (
+            update(S)
+            .where(self.truncate_guard())
+            .values(
+                event_seq=case((S.c.event_seq > after, after), else_=S.c.event_seq),
+                message_count=case(
+                    (S.c.message_count > count, S.c.message_count - count), else_=zero
+                ),
+                token_total=case((S.c.token_total > tokens, S.c.token_total - tokens), else_=zero),
+                updated_at=NOW,
+                version=S.c.version + 1,
+            )
+            .returning(S.c.version)
+        )
+
+
+class StepwisePrograms(Programs):
+    """Writes as one write transaction of single-table steps each (see the module)."""
+
+    q: StepwiseStatements
+
+    row_locks = False
+    """Whether the steps run under row locks at READ COMMITTED (Postgres), where each
+    statement sees what committed before it began, rather than alone (SQLite)."""
+
+    def _guarded(self, query: Query, params: dict[str, Any]) -> Program[Any]:
+        """Run a guarded write of a session row; return its row, or raise why it wrote none.
+
+        On Postgres a statement does not see a session committed after it began (created
+        meanwhile): when a second look finds the guard holding, the write is tried again.
+        """
+        for _ in range(3):
+            row = (yield query).first()
+            if row is not None:
+                return row
+            if not self.row_locks:
+                break
+            yield from self.check_guard(params)
+        yield from self.stale(params)
+        raise AssertionError("stale always raises")  # pragma: no cover
+
+    def _write_shared(
+        self, org_id: str, app_name: str, user_id: str, delta: ScopedDelta, now: datetime
+    ) -> Program[None]:
+        """Write shared keys, in sorted order (so concurrent writers never deadlock)."""
+        q = self.q
+        if delta.user_set:
+            rows = [
+                {"k_org": org_id, "app_name": app_name, "user_id": user_id, "key": k,
+                 "value": delta.user_set[k], "updated_at": now}
+                for k in sorted(delta.user_set)
+            ]  # fmt: skip
+            yield Query(q.upsert_user, rows, many=True)
+        if delta.user_deleted:
+            yield Query(
+                q.delete_user_keys,
+                {"k_org": org_id, "k_app": app_name, "k_user": user_id,
+                 "k_keys": sorted(delta.user_deleted)},
+            )  # fmt: skip
+        if delta.app_set:
+            rows = [
+                {"k_org": org_id, "app_name": app_name, "key": k, "value": delta.app_set[k],
+                 "updated_at": now}
+                for k in sorted(delta.app_set)
+            ]  # fmt: skip
+            yield Query(q.upsert_app, rows, many=True)
+        if delta.app_deleted:
+            yield Query(
+                q.delete_app_keys,
+                {"k_org": org_id, "k_app": app_name, "k_keys": sorted(delta.app_deleted)},
+            )
+
+    def create(self, row: dict[str, Any], delta: ScopedDelta) -> Job[tuple[Any, Any]]:
+        return Job(self._create(row, delta), "write")
+
+    def _create(self, row: dict[str, Any], delta: ScopedDelta) -> Program[tuple[Any, Any]]:
+        org, app_name, user_id = row["org_id"], row["app_name"], row["user_id"]
+        if (yield Query(self.q.insert_session, {**row, "k_org": org})).first() is None:
+            raise SessionExistsError(org, row["id"])
+        yield from self._write_shared(org, app_name, user_id, delta, row["created_at"])
+        shared = (
+            yield Query(self.q.shared, {"k_org": org, "k_app": app_name, "k_user": user_id})
+        ).first()
+        return shared_items(shared.user_state, shared.app_state)
+
+    def get_with_events(self, shape: tuple[bool, bool], params: dict[str, Any]) -> Job[Session]:
+        stmt = self.q.shape(("events", *shape), lambda: self.q.events_query(*shape))
+        return Job(self._session_then_events(stmt, params, newest_first=shape[1]), "read")
+
+    def _session_then_events(
+        self, stmt: Any, params: dict[str, Any], newest_first: bool
+    ) -> Program[Session]:
+        session = yield from self.get(params["k_org"], params["k_id"])
+        session.events = [event_from_row(row) for row in (yield Query(stmt, params)).rows]
+        if newest_first:
+            session.events.reverse()
+        return session
+
+    def update(self, params: dict[str, Any], delta: ScopedDelta) -> Job[int]:
+        return Job(self._update(params, delta), "write")
+
+    def _update(self, params: dict[str, Any], delta: ScopedDelta) -> Program[int]:
+        done = yield from self._guarded(Query(self.q.update, params), params)
+        if delta.user_deleted or delta.app_deleted:
+            yield from self.check_shared_deletes(params, delta)
+        # The stored owner, not the copy's: a copy whose user_id or app_name was edited
+        # still writes its shared keys where they belong.
+        yield from self._write_shared(
+            params["k_org"], done.app_name, done.user_id, delta, params["v_now"]
+        )
+        return int(done.version)
+
+    def delete(self, org_id: str, session_id: str) -> Job[None]:
+        return Job(self._delete({"k_org": org_id, "k_id": session_id}), "write")
+
+    def _delete(self, key: dict[str, Any]) -> Program[None]:
+        # The session row first (on Postgres its lock orders this delete with the writers of
+        # the session, which lock it before its events); its events go with it (ON DELETE
+        # CASCADE) and again explicitly.
+        if not (yield Query(self.q.delete_session, key)).rowcount:
+            raise SessionNotFoundError(key["k_org"], key["k_id"])
+        yield Query(self.q.delete_events, key)
+
+    def _private_merge(self, params: dict[str, Any], delta: ScopedDelta) -> Program[None]:
+        """Pass an append's private delta: merged in the UPDATE where the dialect can
+        (``jsonb ||``), else read and merged here, under SQLite's write lock."""
+        if self.q.ops.merge_private is not None:
+            params["v_private_delta"] = delta.private_set
+            return
+        current = (yield Query(self.q.private_state, params)).first()
+        if current is None:
+            raise SessionNotFoundError(params["k_org"], params["k_id"])
+        params["v_private_state"] = {**current.state, **delta.private_set}
+
+    def append(self, params: dict[str, Any], stored: Event, delta: ScopedDelta) -> Job[int]:
+        return Job(self._append(params, stored, delta), "write")
+
+    def _append(self, params: dict[str, Any], stored: Event, delta: ScopedDelta) -> Program[int]:
+        org_id, session_id = params["k_org"], params["k_id"]
+        q = self.q
+        stmt = q.append
+        if delta.private_set:
+            yield from self._private_merge(params, delta)
+            stmt = q.append_private
+        row = yield from self._guarded(Query(stmt, params), params)
+        yield Query(q.insert_event, _event_row(org_id, session_id, row.event_seq, stored))
+        yield from self._write_shared(org_id, row.app_name, row.user_id, delta, params["v_now"])
+        return int(row.event_seq)
+
+    def append_many(
+        self, params: dict[str, Any], stored: builtins.list[Event], delta: ScopedDelta
+    ) -> Job[int]:
+        return Job(self._append_many(params, stored, delta), "write")
+
+    def _append_many(
+        self, params: dict[str, Any], stored: builtins.list[Event], delta: ScopedDelta
+    ) -> Program[int]:
+        org_id, session_id = params["k_org"], params["k_id"]
+        q = self.q
+        stmt = q.append_many_plain
+        if delta.private_set:
+            yield from self._private_merge(params, delta)
+            stmt = q.append_many_private
+        row = yield from self._guarded(Query(stmt, params), params)
+        first = int(row.event_seq) - len(stored) + 1
+        rows = [
+            _event_row(org_id, session_id, seq, event)
+            for seq, event in enumerate(stored, start=first)
+        ]
+        yield Query(q.insert_event, rows, many=True)
+        yield from self._write_shared(org_id, row.app_name, row.user_id, delta, params["v_now"])
+        return int(row.event_seq)
+
+    def fork(self, params: dict[str, Any]) -> Job[Session]:
+        return Job(self._fork(params), "write")
+
+    def _fork(self, params: dict[str, Any]) -> Program[Session]:
+        q = self.q
+        org_id, parent_id, child_id = params["k_org"], params["k_id"], params["k_child"]
+        with_events, now = params["v_with_events"], params["v_now"]
+        parent = (yield Query(q.parent, {"k_org": org_id, "k_id": parent_id})).first()
+        if parent is None:
+            raise SessionNotFoundError(org_id, parent_id)
+        private = fork_state(parent.state, parent_id)
+        row = {
+            "org_id": org_id, "id": child_id, "user_id": parent.user_id,
+            "app_name": parent.app_name, "title": parent.title, "state": private,
+            "parent_id": parent_id, "created_at": now, "updated_at": now,
+            "message_count": parent.message_count if with_events else 0,
+            "token_total": parent.token_total if with_events else 0,
+            "event_seq": parent.event_seq if with_events else 0, "version": 1,
+            "incarnation": params["v_child_incarnation"],
+        }  # fmt: skip
+        if (yield Query(q.insert_session, {**row, "k_org": org_id})).first() is None:
+            raise SessionExistsError(org_id, child_id)
+        if with_events:
+            yield Query(q.copy_events, {"k_org": org_id, "k_id": parent_id, "k_child": child_id})
+        shared = (
+            yield Query(
+                q.shared, {"k_org": org_id, "k_app": parent.app_name, "k_user": parent.user_id}
+            )
+        ).first()
+        # The child is the row just inserted: nothing else can have changed it yet.
+        return session_from_row(
+            SimpleNamespace(**row),
+            merge_state(private, *shared_items(shared.user_state, shared.app_state)),
+        )
+
+    def truncate(self, params: dict[str, Any]) -> builtins.list[Job[builtins.list[Event] | None]]:
+        return [Job(self._truncate(params), "write")]
+
+    def _truncate(self, params: dict[str, Any]) -> Program[builtins.list[Event] | None]:
+        q = self.q
+        if self.row_locks:  # no append may land between the delete and the counters
+            yield Query(q.lock_session, params)
+        rows = (yield Query(q.truncate_removed, params)).rows
+        removed = sorted((event_from_row(row) for row in rows), key=lambda e: e.seq)
+        params.update(v_count=len(removed), v_tokens=sum(e.tokens for e in removed))
+        if (yield Query(q.truncate_session, params)).first() is None:  # rolled back
+            yield from self.check_guard({**params, "v_count": 0, "v_tokens": 0})
+            raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
+        return removed
+
+
+def _event_row(org_id: str, session_id: str, seq: int, event: Event) -> dict[str, Any]:
+    return {
+        "k_org": org_id, "session_id": session_id, "seq": seq, "id": event.id,
+        "author": event.author, "invocation_id": event.invocation_id, "content": event.content,
+        "state_delta": event.state_delta, "tokens": event.tokens, "timestamp": event.timestamp,
+    }  # fmt: skip

@@ -799,6 +799,7 @@ def test_a_missing_rich_names_the_extra(
     for name in [n for n in sys.modules if n == "rich" or n.startswith("rich.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.delitem(sys.modules, "durable_sessions.demo", raising=False)
+    monkeypatch.delitem(sys.modules, "durable_sessions.render", raising=False)
     monkeypatch.setitem(sys.modules, "rich", None)  # makes `import rich` fail
     code, _, err = cli(capsys, "--url", url, "list")
     assert code == 1

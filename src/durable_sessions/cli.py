@@ -151,7 +151,7 @@ async def _confirm(args: argparse.Namespace, question: str, refusal: str) -> Non
 def _console(stderr: bool = False) -> Console:
     """A rich console on stdout (or stderr), or the error naming the extra that brings rich."""
     try:
-        from .demo import make_console
+        from .render import make_console
     except ImportError as exc:
         if not (exc.name or "").startswith("rich"):
             raise
@@ -209,7 +209,8 @@ def _count(text: str) -> int:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from .demo import TerminalOutput, run_demo
+    from .demo import run_demo
+    from .render import TerminalOutput
 
     console = _console()
     console.print(f"{PROG} demo: an agent whose conversations outlive the process", style="bold")
@@ -267,7 +268,7 @@ async def _current(args: argparse.Namespace) -> int:
 
 async def _list(args: argparse.Namespace) -> int:
     console = _console()
-    from .demo import draw_table, when
+    from .render import draw_table, when
 
     async with _open(args) as store:
         filter = Filter(args.org, user_id=args.user, app_name=args.app, limit=args.limit)
@@ -285,7 +286,7 @@ async def _list(args: argparse.Namespace) -> int:
 
 async def _show(args: argparse.Namespace) -> int:
     console = _console()
-    from .demo import describe_state, draw_table, text, when
+    from .render import describe_state, draw_table, text, when
 
     async with _open(args) as store:
         s = await store.get(args.org, args.id)

@@ -1,4 +1,4 @@
-"""The scripted demo, and the rich rendering the command line shares with it.
+"""The scripted demo: a rule-based agent holds a conversation through the public API.
 
 A rule-based agent holds a conversation through the public API as a service would. This
 module imports rich (the ``cli`` extra) when it is imported.
@@ -6,37 +6,26 @@ module imports rich (the ``cli`` extra) when it is imported.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from . import migrate
 from .context import current_conversation_id
 from .manager import Manager
 from .model import Event, Filter, Session
+from .render import DEMO_USER, describe_state, text, when
 from .sql.store import SQLStore
-from .state import scope_of
 
 __all__ = [
     "Concierge",
     "DemoOutput",
-    "TerminalOutput",
-    "describe_state",
-    "draw_table",
-    "make_console",
     "run_demo",
-    "text",
-    "when",
 ]
 
-USER = "ada"
+USER = DEMO_USER
 APP = "demo"
 CITIES = ("Lisbon", "Kyoto", "Oslo")
 ALTERNATIVES = {"Lisbon": "Porto", "Kyoto": "Osaka", "Oslo": "Bergen"}
@@ -64,56 +53,6 @@ class DemoOutput(Protocol):
 
     def table(self, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         """Write a table."""
-
-
-def make_console(stream: IO[str]) -> Console:
-    """Return a console on ``stream``: styles only on a terminal, no wrapping in a pipe."""
-    width = None if stream.isatty() else 1000
-    return Console(file=stream, width=width, markup=False, emoji=False, highlight=False)
-
-
-def draw_table(console: Console, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Print a table with a header rule and no borders; number columns align right."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for name in columns:
-        numeric = name in ("#", "messages", "tokens")
-        table.add_column(name, justify="right" if numeric else "left", overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    if console.is_terminal:
-        console.print(table)
-        return
-    with console.capture() as captured:  # cells are padded to the column: trim line ends
-        console.print(table)
-    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
-
-
-class TerminalOutput:
-    """Renders the demo with rich: bold headings and coloured authors on a terminal."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-
-    def heading(self, text: str) -> None:
-        """Start a section after a blank line."""
-        self.console.print()
-        self.console.print(text, style="bold")
-
-    def line(self, text: str = "") -> None:
-        """Write a line of narration."""
-        self.console.print(text)
-
-    def say(self, author: str, text: str) -> None:
-        """Write a chat message, wrapped beside its author's name."""
-        grid = Table.grid(padding=(0, 2))
-        grid.add_column(width=10, style="green" if author == USER else "cyan")
-        grid.add_column(overflow="fold")
-        grid.add_row(author, text)
-        self.console.print(grid)
-
-    def table(self, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        """Write a table."""
-        draw_table(self.console, columns, rows)
 
 
 def tokens(text: str) -> int:
@@ -183,25 +122,6 @@ async def turn(manager: Manager, session: Session, agent: Concierge, text: str) 
         ),
     )
     return answer
-
-
-def describe_state(state: Mapping[str, Any]) -> list[list[str]]:
-    """Rows of (scope, key, value) for a session's state, grouped by scope."""
-    order = {"private": 0, "user": 1, "app": 2, "temp": 3}
-    keys = sorted(state, key=lambda key: (order[scope_of(key)], key))
-    return [[scope_of(key), key, json.dumps(state[key], ensure_ascii=False)] for key in keys]
-
-
-def when(moment: datetime) -> str:
-    """Format a timestamp for people: UTC, to the second."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def text(value: Any) -> str:
-    """Format a JSON value for people: strings as they are, the rest as compact JSON."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 async def run_demo(

@@ -98,3 +98,38 @@ async def test_after_filter_on_a_long_transcript(engine: AsyncEngine) -> None:
         N - 1,
         N,
     ]
+
+
+async def test_a_forward_page_is_one_index_range_that_reads_only_its_rows(
+    backend: str, engine: AsyncEngine
+) -> None:
+    session_id = await _long_transcript(engine)
+    store = SQLStore(engine)
+    await store.list_events("org", session_id, limit=1)  # warm up the connection
+
+    with statements(engine) as seen:
+        page = await store.list_events("org", session_id, after_seq=5_000, limit=20)
+    assert [e.seq for e in page] == list(range(5_001, 5_021))
+    assert [e.content for e in page] == [{"n": i} for i in range(5_001, 5_021)]
+    (sql,) = data_statements(seen)
+    params = next(p for s, p in seen if s == sql)
+
+    async with engine.connect() as conn:
+        if backend == "postgres":
+            raw = (
+                await conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
+            ).scalar()
+            plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+            nodes = _plan_nodes(plan)
+            scans = [n for n in nodes if n["Node Type"] in ("Index Scan", "Index Only Scan")]
+            assert scans, nodes
+            assert scans[0]["Index Name"] == "pk_ds_events"
+            assert scans[0]["Scan Direction"] == "Forward"
+            assert "seq >" in scans[0]["Index Cond"], scans[0]
+            assert scans[0]["Actual Rows"] <= 20
+            assert not [n for n in nodes if n["Node Type"] in ("Sort", "Seq Scan")]
+        else:
+            rows = (await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params)).all()
+            details = " | ".join(str(r[-1]) for r in rows)
+            assert "seq>?" in details.replace(" ", ""), details
+            assert "TEMP B-TREE" not in details, details

@@ -209,14 +209,17 @@ class Manager:
         *,
         limit: int | None = None,
         after: datetime | None = None,
+        after_seq: int | None = None,
     ) -> builtins.list[Event]:
         """Return a session's transcript, oldest first (the newest ``limit``, later than
-        ``after``).
+        ``after``; with ``after_seq``, the oldest ``limit`` events after that seq).
 
         Raises:
             SessionNotFoundError: no such session in the organisation.
         """
-        return await self.store.list_events(org_id, id, limit=limit, after=after)
+        return await self.store.list_events(
+            org_id, id, limit=limit, after=after, after_seq=after_seq
+        )
 
     def bind(self, session: Session) -> Binding:
         """Bind a session's org and conversation ids for a ``with`` block."""

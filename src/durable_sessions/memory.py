@@ -16,6 +16,7 @@ from .prepare import (
     check_events_read,
     check_expected,
     check_fork,
+    check_list_events,
     check_list_page,
     check_max_bytes,
     check_purge,
@@ -261,18 +262,27 @@ class InMemoryStore:
         *,
         limit: int | None = None,
         after: datetime | None = None,
+        after_seq: int | None = None,
     ) -> builtins.list[Event]:
-        """Return a session's events, oldest first."""
-        after = check_events_read(org_id, session_id, limit, after)
-        return self._events(self._record(org_id, session_id), limit, after)
+        """Return a session's events, oldest first (see ``Store``)."""
+        after = check_list_events(org_id, session_id, limit, after, after_seq)
+        return self._events(self._record(org_id, session_id), limit, after, after_seq)
 
     def _events(
-        self, record: _Record, limit: int | None, after: datetime | None
+        self,
+        record: _Record,
+        limit: int | None,
+        after: datetime | None,
+        after_seq: int | None = None,
     ) -> builtins.list[Event]:
         events = record.events
         if after is not None:
             events = [e for e in events if e.timestamp > after]
-        if limit is not None:
+        if after_seq is not None:
+            events = [e for e in events if e.seq > after_seq]
+            if limit is not None:
+                events = events[:limit]
+        elif limit is not None:
             events = events[-limit:] if limit else []
         return [self._copy_event(e) for e in events]
 

@@ -25,6 +25,7 @@ from .state import (
     validate_id,
     validate_value,
 )
+from .store import check_after_seq
 
 __all__ = [
     "FORKED_FROM",
@@ -41,6 +42,7 @@ __all__ = [
     "check_expected",
     "check_fork",
     "check_limit",
+    "check_list_events",
     "check_list_page",
     "check_max_bytes",
     "check_older_than",
@@ -313,6 +315,20 @@ def check_events_read(
     check_session(org_id, session_id)
     check_limit(limit)
     return check_after(after)
+
+
+def check_list_events(
+    org_id: str,
+    session_id: str,
+    limit: int | None,
+    after: datetime | None,
+    after_seq: int | None,
+) -> datetime | None:
+    """Check a ``list_events``; return ``after`` in UTC."""
+    found = check_events_read(org_id, session_id, limit, after)
+    if after_seq is not None:
+        check_after_seq(after_seq)
+    return found
 
 
 def check_touch(org_id: str, session_id: str, messages: int, tokens: int, title: str) -> None:

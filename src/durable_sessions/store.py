@@ -158,18 +158,24 @@ class Store(Protocol):
         *,
         limit: int | None = None,
         after: datetime | None = None,
+        after_seq: int | None = None,
     ) -> builtins.list[Event]:
         """Return a session's events, oldest first.
 
         Args:
             org_id: The organisation.
             session_id: The session.
-            limit: Keep only the newest ``limit`` events.
+            limit: Keep only the newest ``limit`` events; with ``after_seq``, the oldest
+                ``limit`` events after it instead.
             after: Keep only events whose timestamp is strictly later (timezone-aware).
+            after_seq: Keep only the events with ``seq > after_seq``: a cursor for reading a
+                long transcript forward page by page (pass the last ``seq`` read). One
+                indexed range read.
 
         Raises:
             SessionNotFoundError: no such session in that organisation.
-            InvalidArgumentError: ``after`` is naive or ``limit`` is negative.
+            InvalidArgumentError: ``after`` is naive, ``limit`` is negative, or
+                ``after_seq`` is not an integer from 0 to 2**63 - 1.
         """
         ...
 

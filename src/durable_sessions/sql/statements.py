@@ -196,11 +196,19 @@ class Statements:
             self._app_agg(org, S.c.app_name),
         ]
 
-    def events_query(self, has_after: bool, has_limit: bool) -> Any:
-        """A session's events (newest first when limited), by (org, session, seq)."""
+    def events_query(self, has_after: bool, has_limit: bool, has_after_seq: bool = False) -> Any:
+        """A session's events (newest first when limited), by (org, session, seq).
+
+        With ``has_after_seq``, the events after ``k_after_seq``, oldest first (the oldest
+        ``k_limit`` when limited): a forward range of the same key.
+        """
         query = select(*EVENT_COLUMNS).where(EVENTS_KEY)
         if has_after:
             query = query.where(events.c.timestamp > bindparam("k_after", type_=UTCDateTime))
+        if has_after_seq:
+            query = query.where(events.c.seq > bindparam("k_after_seq", type_=BigInteger))
+            query = query.order_by(events.c.seq)
+            return query.limit(bindparam("k_limit")) if has_limit else query
         if has_limit:
             # Newest first along the (org, session, seq) key; callers put them back in order.
             return query.order_by(events.c.seq.desc()).limit(bindparam("k_limit"))

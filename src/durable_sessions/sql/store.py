@@ -21,6 +21,7 @@ from ..prepare import (
     check_events_read,
     check_expected,
     check_fork,
+    check_list_events,
     check_list_page,
     check_max_bytes,
     check_purge,
@@ -343,14 +344,22 @@ class SQLStore:
         *,
         limit: int | None = None,
         after: datetime | None = None,
+        after_seq: int | None = None,
     ) -> builtins.list[Event]:
-        """Return a session's events, oldest first (newest ``limit``, later than ``after``)."""
-        shape, params = _events_read(org_id, session_id, limit, after)
+        """Return a session's events, oldest first (newest ``limit``, later than ``after``;
+        with ``after_seq``, the oldest ``limit`` after it): one statement, a range of the
+        ``(org_id, session_id, seq)`` key."""
+        after = check_list_events(org_id, session_id, limit, after, after_seq)
+        shape = (after is not None, limit is not None, after_seq is not None)
+        params = {
+            "k_org": org_id, "k_id": session_id, "k_after": after, "k_limit": limit,
+            "k_after_seq": after_seq,
+        }  # fmt: skip
         await self._ready("list_events")
         stmt = self._q.shape(("events", *shape), lambda: self._q.events_query(*shape))
         program = self._programs.events(stmt, params)
         found = await self._runner.run(program, "read", "list_events")
-        if limit is not None:
+        if limit is not None and after_seq is None:
             found.reverse()
         return found
 

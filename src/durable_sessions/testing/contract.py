@@ -1394,3 +1394,43 @@ class StoreContract:
         # Another page size or with_state is the same listing.
         page = await store.list_page(Filter(ORG, limit=5, with_state=True), cursor=cursor)
         assert len(page.sessions) == 2
+
+    # -- forward reads: list_events(after_seq=...) ------------------------------------------------
+
+    async def test_list_events_after_seq_reads_forward_page_by_page(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        stamps = await _five_events(store, session.id)
+        await store.append_events(ORG, session.id, [Event("user", content=f"m{i}") for i in (5, 6)])
+        assert await seqs(store, ORG, session.id, after_seq=0, limit=3) == [1, 2, 3]
+        assert await seqs(store, ORG, session.id, after_seq=3, limit=3) == [4, 5, 6]
+        assert await seqs(store, ORG, session.id, after_seq=6, limit=3) == [7]
+        assert await seqs(store, ORG, session.id, after_seq=7, limit=3) == []
+        assert await seqs(store, ORG, session.id, after_seq=2**63 - 1) == []
+        assert await seqs(store, ORG, session.id, after_seq=4) == [5, 6, 7]
+        assert await seqs(store, ORG, session.id, after_seq=1, limit=0) == []
+        assert await seqs(store, ORG, session.id, after_seq=1, limit=2, after=stamps[2]) == [4, 5]
+        read = await manager.list_events(ORG, session.id, after_seq=5, limit=1)
+        assert [(e.seq, e.content) for e in read] == [(6, "m5")]
+        # Without after_seq, limit still keeps the newest.
+        assert await seqs(store, ORG, session.id, limit=2) == [6, 7]
+        # Paging forward over a rewound transcript reads what is there now.
+        await store.truncate_events(ORG, session.id, after_seq=3)
+        await store.append_event(ORG, session.id, Event("user", content="again"))
+        assert await seqs(store, ORG, session.id, after_seq=2, limit=5) == [3, 4]
+
+    async def test_list_events_after_seq_refuses_bad_values_and_unknown_sessions_alike(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        for bad in (-1, True, 1.5, "1", 2**63):
+            with pytest.raises(InvalidArgumentError, match="after_seq must be an integer"):
+                await store.list_events(ORG, session.id, after_seq=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError):
+            await store.list_events(ORG, session.id, after_seq=0, limit=-1)
+        assert await store.list_events(ORG, session.id, after_seq=0) == []
+        with pytest.raises(SessionNotFoundError):
+            await store.list_events(ORG, "missing", after_seq=0, limit=5)
+        with pytest.raises(SessionNotFoundError):
+            await store.list_events(OTHER_ORG, session.id, after_seq=3)

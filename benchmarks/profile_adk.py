@@ -238,9 +238,17 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
         "CPU is client-side process time per call (get_recent20: 20 of 1,000 events; "
         "list_1000: `list_sessions` of a user with 1,000 sessions; fork: "
         "`get_session(num_recent_events=0)` + `create_session`). The split is cProfile "
-        "self-time shares of the main thread, scaled to its unprofiled CPU per call.",
+        "self-time shares of the main thread, scaled to its unprofiled CPU per call; "
+        "cProfile charges each Python call more than C work, so it overstates Python-heavy "
+        "code (such as `_adk_models`' rebuild) beside pydantic-core's validation. On SQLite "
+        "the store's statements and row decoding run on aiosqlite's thread: only the CPU "
+        "column counts them.",
         "",
     ]
+    for label in labels:
+        note = data[label].get("note", "")
+        lines.append(f"- *{label}*: {data[label].get('when', '')}{'; ' + note if note else ''}")
+    lines.append("")
     for backend in ("sqlite", "postgres"):
         runs = [(label, data[label]["results"].get(backend)) for label in labels]
         runs = [(label, r) for label, r in runs if r]
@@ -304,7 +312,13 @@ def main(argv: list[str] | None = None) -> int:
         help="keep, per call, the run with the least CPU among this and the label's earlier "
         "ones (alternate runs of two labels on a shared machine, then compare the best)",
     )
+    parser.add_argument("--render", action="store_true", help="only rewrite the .md")
     args = parser.parse_args(argv)
+    if args.render:
+        write_markdown(
+            json.loads((args.out / "profile_adk.json").read_text()), args.out / "profile_adk.md"
+        )
+        return 0
     backends = ["sqlite", "postgres"] if args.backend == "all" else [args.backend]
     store = args.out / "profile_adk.json"
     data: dict[str, Any] = json.loads(store.read_text()) if store.exists() else {}

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from durable_sessions import Manager, SQLStore
+from durable_sessions import Event, Manager, SessionService, SQLStore
 from durable_sessions.model import utcnow
 from durable_sessions.sql.schema import events, sessions
 from sqlhelpers import SQL_BACKENDS, data_statements, statements
@@ -133,3 +133,28 @@ async def test_a_forward_page_is_one_index_range_that_reads_only_its_rows(
             details = " | ".join(str(r[-1]) for r in rows)
             assert "seq>?" in details.replace(" ", ""), details
             assert "TEMP B-TREE" not in details, details
+
+
+@pytest.mark.slow
+async def test_a_transcript_past_256_mb_loads_whole(engine: AsyncEngine, backend: str) -> None:
+    # Postgres caps one jsonb value at 256 MB, so the one-statement read (the transcript as
+    # one jsonb array) cannot carry this one; get_with_events then reads it as rows. Five
+    # 55 MB events (a store without a value limit) pass the cap; SQLite reads rows anyway.
+    store = SQLStore(engine, max_value_bytes=None)
+    manager = Manager(store, app_name="app")
+    session = await manager.create("org", "alice")
+    big = "x" * (55 << 20)
+    for i in range(5):
+        await store.append_event("org", session.id, Event("user", {"i": i, "text": big}))
+    del big
+    listed = await store.list_events("org", session.id)
+    assert [e.content["i"] for e in listed] == [0, 1, 2, 3, 4]
+    got = await store.get_with_events("org", session.id)
+    assert [e.seq for e in got.events] == [1, 2, 3, 4, 5]
+    assert all(len(e.content["text"]) == 55 << 20 for e in got.events)
+    assert got.message_count == 5
+    newest = await SessionService(store, org_id="org").get(
+        app_name="app", user_id="alice", session_id=session.id, num_recent_events=2
+    )
+    assert newest is not None
+    assert [e.seq for e in newest.events] == [4, 5]

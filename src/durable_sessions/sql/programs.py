@@ -255,6 +255,23 @@ class Programs:
         yield Query(batch.drop_sessions, {"k_org": params["k_org"], "k_ids": ids})
         return len(ids)
 
+    def session_then_events(self, shape: tuple[bool, bool], params: dict[str, Any]) -> Job[Session]:
+        """A session, then its events (``shape``: after?, limit?), as two statements: the
+        stepwise ``get_with_events``, and Postgres's for a transcript too large for one
+        jsonb value. The events are read as rows, so any transcript ``list_events`` can
+        return comes back whole."""
+        stmt = self.q.shape(("events", *shape), lambda: self.q.events_query(*shape))
+        return Job(self._session_then_events(stmt, params, newest_first=shape[1]), "read")
+
+    def _session_then_events(
+        self, stmt: Any, params: dict[str, Any], newest_first: bool
+    ) -> Program[Session]:
+        session = yield from self.get(params["k_org"], params["k_id"])
+        session.events = [event_from_row(row) for row in (yield Query(stmt, params)).rows]
+        if newest_first:
+            session.events.reverse()
+        return session
+
     # -- the writes each dialect shapes its own way --------------------------------------------
 
     def create(self, row: dict[str, Any], delta: ScopedDelta) -> Job[tuple[Any, Any]]:

@@ -206,17 +206,7 @@ class StepwisePrograms(Programs):
         return shared_items(shared.user_state, shared.app_state)
 
     def get_with_events(self, shape: tuple[bool, bool], params: dict[str, Any]) -> Job[Session]:
-        stmt = self.q.shape(("events", *shape), lambda: self.q.events_query(*shape))
-        return Job(self._session_then_events(stmt, params, newest_first=shape[1]), "read")
-
-    def _session_then_events(
-        self, stmt: Any, params: dict[str, Any], newest_first: bool
-    ) -> Program[Session]:
-        session = yield from self.get(params["k_org"], params["k_id"])
-        session.events = [event_from_row(row) for row in (yield Query(stmt, params)).rows]
-        if newest_first:
-            session.events.reverse()
-        return session
+        return self.session_then_events(shape, params)
 
     def update(self, params: dict[str, Any], delta: ScopedDelta) -> Job[int]:
         return Job(self._update(params, delta), "write")

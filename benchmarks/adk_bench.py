@@ -1,0 +1,101 @@
+"""Google ADK's DatabaseSessionService against durable-sessions' ADK adapter, only.
+
+    python -m benchmarks.adk_bench [--backend all] [--duration 2] [--concurrency 1,16]
+        [--rounds 3] [--out benchmarks/results/adk]
+
+The two ADK implementations of ``nox -s bench`` (``impl_adk.Adk`` and
+``impl_adk_adapter.AdkAdapter``: the same ADK calls, only the service differs), each on a
+fresh database of the same server, in one process, workload by workload, the order
+alternating. On a shared machine each (workload, concurrency) is measured ``--rounds``
+times and each service keeps its best round: noise only ever slows a run down. Writes
+``results.json`` in the format of ``python -m benchmarks`` (``benchmarks.adk_report``
+renders it) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .cli import BACKENDS, _ints, _run_meta
+from .common import WORKLOADS, Database, Measurement, new_tmpdir
+from .report import empty_results
+from .runner import _line, _one
+from .workloads import Implementation
+
+
+async def run(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from .impl_adk import Adk
+    from .impl_adk_adapter import AdkAdapter
+
+    impls: list[Implementation] = [Adk(), AdkAdapter()]
+    tmpdir = new_tmpdir()
+    dbs = [Database(backend, label, tmpdir) for label in ("adk", "adapter")]
+    opened: list[Implementation] = []
+    rows: list[dict[str, Any]] = []
+    create_rate: dict[tuple[str, int], float] = {}
+    try:
+        for impl, db in zip(impls, dbs, strict=True):
+            impl.pool_size = args.pool_size
+            await db.create()
+            await impl.open(db.url)
+            opened.append(impl)
+        for workload in args.workloads:
+            for concurrency in args.concurrency:
+                best: dict[str, Measurement] = {}
+                for round_ in range(args.rounds):
+                    order = impls if round_ % 2 == 0 else impls[::-1]
+                    for impl in order:
+                        m = await _one(
+                            impl, backend, workload, concurrency, args.duration, create_rate
+                        )
+                        if workload == "create" and m.ops_per_sec:
+                            create_rate[(impl.name, concurrency)] = m.ops_per_sec
+                        print(_line(m), flush=True)
+                        kept = best.get(impl.name)
+                        if kept is None or (m.ops_per_sec > kept.ops_per_sec and not m.errors):
+                            best[impl.name] = m
+                rows += [asdict(m) for m in best.values()]
+                adk, ours = best["google-adk"].ops_per_sec, best["adk-adapter"].ops_per_sec
+                print(f"    best of {args.rounds}: adapter/ADK {ours / adk if adk else 0:.2f}x")
+    finally:
+        for impl in opened:
+            await impl.close()
+        for db in dbs:
+            await db.drop()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.adk_bench")
+    parser.add_argument("--backend", choices=[*BACKENDS, "all"], default="all")
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per measurement")
+    parser.add_argument("--concurrency", type=_ints, default=[1, 16])
+    parser.add_argument("--rounds", type=int, default=3, help="measurements kept best of")
+    parser.add_argument("--only", default="", help="comma-separated workloads")
+    parser.add_argument("--pool-size", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/adk"))
+    args = parser.parse_args(argv)
+    args.workloads = [w for w in args.only.split(",") if w] or list(WORKLOADS)
+    args.profile = False
+    results = empty_results()
+    command = "python -m benchmarks.adk_bench " + " ".join(sys.argv[1:])
+    for backend in BACKENDS if args.backend == "all" else [args.backend]:
+        print(f"== {backend}: {', '.join(args.workloads)}", flush=True)
+        results["side_by_side"] += asyncio.run(run(backend, args))
+        results["runs"][f"side_by_side/{backend}"] = _run_meta(args, command)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    print(f"written to {args.out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

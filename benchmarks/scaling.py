@@ -3,12 +3,23 @@
 Big tables are seeded with set-based SQL straight into the schema that ``store.migrate()``
 created (``generate_series`` on Postgres, a recursive CTE on SQLite); every measured
 operation goes through the library's public API.
+
+Two more measurements run from here (``python -m benchmarks.scaling --help``): the time of
+a whole export per session as the sessions table grows (``export``), and the export's peak
+memory, in a child process of its own, as the number of 1 MB events grows (``memory``).
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
 import random
+import shutil
 import statistics
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -81,6 +92,8 @@ class Seeder:
         self.engine = engine
         self.backend = backend
         self.sessions = 0
+        var = "g" if backend == "postgres" else "x"
+        self.users = f"'u' || ({var} % {USERS})"
 
     async def _exec(self, *statements: str) -> None:
         async with self.engine.begin() as conn:
@@ -99,8 +112,6 @@ class Seeder:
 
     async def fixtures(self) -> None:
         """The listed user's 1,000 sessions and a session of 1,000 events."""
-        var = "g" if self.backend == "postgres" else "x"
-        self.users = f"'u' || ({var} % {USERS})"
         await self._exec(
             self._s(1, 1_000, "list-", f"'{LIST_USER}'"),
             *self._transcript(READER, 1_000),
@@ -268,3 +279,223 @@ async def _rounds(
             f"p99 {row['p99_ms']:7.3f} ms  {row['ops_per_sec']:8.1f} ops/s"
         )
     return rows
+
+
+# -- export: time per session as the table grows, peak memory as events grow ---------------
+
+
+class _Sink:
+    """A binary stream that counts the bytes written to it and keeps none."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        return len(data)
+
+
+async def run_export_scaling(
+    backend: str, sizes: list[int], tmpdir: Path, log: Callable[[str], None], rounds: int = 2
+) -> list[dict[str, Any]]:
+    """Export one database grown to each size in turn (sessions of one event each, as the
+    latency curves seed them); return the best of ``rounds`` times per size."""
+    from durable_sessions.sql.transfer import export_jsonl
+
+    opened: list[Target] = []
+    rows: list[dict[str, Any]] = []
+    try:
+        target = await _open(backend, tmpdir, "export", opened)
+        seeder = Seeder(target.engine, backend)
+        for size in sorted(sizes):
+            await seeder.grow_sessions(size)
+            times = []
+            for _ in range(rounds):
+                sink = _Sink()
+                start = time.perf_counter()
+                counts = await export_jsonl(target.store, sink)  # type: ignore[arg-type]
+                times.append(time.perf_counter() - start)
+            assert counts.sessions == size
+            best = min(times)
+            rows.append(
+                {
+                    "backend": backend,
+                    "sessions": size,
+                    "events": counts.events,
+                    "seconds": round(best, 3),
+                    "us_per_session": round(best / size * 1e6, 1),
+                    "output_mb": round(sink.size / 1e6, 1),
+                }
+            )
+            log(
+                f"  {backend:8} export {size:>9,} sessions  {best:8.2f} s  "
+                f"{best / size * 1e6:7.1f} us/session  ({sink.size / 1e6:,.0f} MB written)"
+            )
+    finally:
+        for target in opened:
+            await target.engine.dispose()
+            await target.db.drop()
+    return rows
+
+
+EVENT_BYTES = 1 << 20
+"""The size of each event's content in the memory measurement: a 1 MiB string."""
+
+_PG_BIG_EVENTS = """
+INSERT INTO ds_events (org_id, session_id, seq, id, author, invocation_id, content,
+  state_delta, tokens, timestamp)
+SELECT '{org}', 'big', g, 'ev-' || g, 'user', '',
+  jsonb_build_object('text', repeat(md5(g::text), {repeats})), '{{}}'::jsonb, 0, now()
+FROM generate_series(1, {count}) g"""
+
+_SQLITE_BIG_EVENTS = """
+WITH RECURSIVE g(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < {count})
+INSERT INTO ds_events (org_id, session_id, seq, id, author, invocation_id, content,
+  state_delta, tokens, timestamp)
+SELECT '{org}', 'big', x, 'ev-' || x, 'user', '',
+  '{{"text":"' || hex(zeroblob({half})) || '"}}', '{{}}', 0, '2025-01-01 00:00:00.000000'
+FROM g"""
+
+MEASURE_EXPORT = """
+import asyncio, sys
+from sqlalchemy.ext.asyncio import create_async_engine
+from durable_sessions import SQLStore
+from durable_sessions.sql.transfer import count_sessions, export_jsonl
+
+class Sink:
+    size = 0
+    def write(self, data):
+        self.size += len(data)
+        return len(data)
+
+def status_kib(field):
+    # VmHWM is this process's own peak: ru_maxrss would also count the parent's RSS,
+    # which Linux carries over a fork and exec.
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+
+async def main():
+    engine = create_async_engine(sys.argv[1])
+    store = SQLStore(engine)
+    await count_sessions(store)  # modules loaded, a connection open
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak (VmHWM) starts again from the current RSS
+    before = status_kib("VmRSS")
+    sink = Sink()
+    counts = await export_jsonl(store, sink)
+    await engine.dispose()
+    print(before, status_kib("VmHWM"), counts.events, sink.size)
+
+asyncio.run(main())
+"""
+
+
+def measure_export_memory(url: str) -> dict[str, int]:
+    """Export the database at ``url`` in a fresh child process; return its memory in KiB:
+    ``peak`` (VmHWM) and ``before`` (RSS once loaded and connected, before exporting)."""
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE_EXPORT, url],
+        capture_output=True,
+        check=True,
+        timeout=3600,
+    )
+    before, peak, events, size = map(int, done.stdout.split())
+    return {"before": before, "peak": peak, "events": events, "bytes": size}
+
+
+async def seed_big_events(target: Target, backend: str, count: int) -> None:
+    """One session of ``count`` events whose content is a string of EVENT_BYTES."""
+    from durable_sessions import Session
+
+    await target.store.create(Session(id="big", org_id=ORG, user_id="u", app_name=APP))
+    if backend == "postgres":
+        sql = _PG_BIG_EVENTS.format(org=ORG, count=count, repeats=EVENT_BYTES // 32)
+    else:
+        sql = _SQLITE_BIG_EVENTS.format(org=ORG, count=count, half=EVENT_BYTES // 2)
+    async with target.engine.begin() as conn:
+        await conn.exec_driver_sql(sql)
+        await conn.exec_driver_sql(
+            f"UPDATE ds_sessions SET event_seq = {count}, message_count = {count} WHERE id = 'big'"
+        )
+
+
+async def run_export_memory(
+    backend: str, counts: list[int], tmpdir: Path, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """Peak memory of exporting one session of N events of 1 MiB each, per N."""
+    rows: list[dict[str, Any]] = []
+    for count in counts:
+        opened: list[Target] = []
+        try:
+            target = await _open(backend, tmpdir, f"mem{count}", opened)
+            await seed_big_events(target, backend, count)
+            await target.engine.dispose()
+            found = measure_export_memory(target.db.url)
+        finally:
+            for target in opened:
+                await target.engine.dispose()
+                await target.db.drop()
+        assert found["events"] == count
+        row = {
+            "backend": backend,
+            "events": count,
+            "event_mb": EVENT_BYTES / (1 << 20),
+            "peak_rss_mb": round(found["peak"] / 1024),
+            "growth_mb": round((found["peak"] - found["before"]) / 1024),
+            "output_mb": round(found["bytes"] / 1e6),
+        }
+        rows.append(row)
+        log(
+            f"  {backend:8} export of {count:>5,} events of 1 MiB: peak RSS "
+            f"{row['peak_rss_mb']:,} MB, {row['growth_mb']:,} MB over the RSS before exporting"
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.scaling export|memory``: the export's time and memory."""
+    from .cli import BACKENDS, _ints
+    from .common import new_tmpdir
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling")
+    parser.add_argument("what", choices=["export", "memory"])
+    parser.add_argument("--backend", choices=[*BACKENDS, "all"], default="all")
+    parser.add_argument(
+        "--sizes", type=_ints, default=[1_000, 10_000, 100_000, 300_000],
+        help="export: sessions in the table (default 1000,10000,100000,300000)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--events", type=_ints, default=[100, 1_000],
+        help="memory: events of 1 MiB in one session (default 100,1000)",
+    )  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=2, help="export: runs per size (best)")
+    parser.add_argument("--json", type=Path, help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    backends = list(BACKENDS) if args.backend == "all" else [args.backend]
+
+    def log(text: str) -> None:
+        print(text, flush=True)
+
+    async def run() -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        tmpdir = new_tmpdir()
+        try:
+            for backend in backends:
+                if args.what == "export":
+                    rows += await run_export_scaling(backend, args.sizes, tmpdir, log, args.rounds)
+                else:
+                    rows += await run_export_memory(backend, args.events, tmpdir, log)
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        return rows
+
+    rows = asyncio.run(run())
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import random
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from durable_sessions import Event, Filter, Manager, SQLStore
+from durable_sessions import Event, Filter, Manager, Session, SQLStore
 from durable_sessions.cli import main
+from durable_sessions.sql import transfer
 from durable_sessions.sql.transfer import (
     ImportLineError,
     count_sessions,
@@ -19,7 +24,8 @@ from durable_sessions.sql.transfer import (
     export_jsonl,
     import_jsonl,
 )
-from sqlhelpers import SQL_BACKENDS, snapshot
+from durable_sessions.state import MAX_ID_BYTES, MAX_KEY_BYTES
+from sqlhelpers import SQL_BACKENDS, snapshot, statements
 
 pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
 
@@ -153,4 +159,182 @@ async def test_the_command_says_deeply_nested_json_in_one_line(
     assert "Traceback" not in err
     assert err.startswith(f"durable-sessions: error: line {line}: ")
     assert err.count("\n") == 1, err
+    assert await tables_empty(engine)
+
+
+# -- large values: read apart, in bounded batches; memory flat whatever their size --------
+
+
+async def fill_large(store: SQLStore) -> None:
+    """Titles, state, events and shared values of every size around small limits."""
+    manager = Manager(store, app_name="app")
+    await fill(store)
+    for n, size in enumerate((0, 5, 40, 300)):
+        text = "é" * size
+        session = await manager.create(
+            "o3", "u", id=f"s{n}", title=text, state={"k": text, "user:u": text, "app:a": text}
+        )
+        await manager.append_event(session, Event("user", None, state_delta={"d": text}))
+        for m in range(n + 2):
+            await manager.append_event(session, Event("bot", {"m": m, "text": text * m}))
+
+
+@pytest.mark.parametrize(("inline", "batch"), [(8, 64), (8, 1), (8, 10**9), (120, 700)])
+async def test_large_values_read_apart_give_the_same_bytes(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, inline: int, batch: int
+) -> None:
+    """Values over INLINE_BYTES are read apart, in batches of BATCH_BYTES (one value alone
+    when larger), within pages of 3 rows and chunks of 2 events: the same bytes."""
+    store = SQLStore(engine)
+    await fill_large(store)
+    expected = await export(store)
+    monkeypatch.setattr(transfer, "INLINE_BYTES", inline)
+    monkeypatch.setattr(transfer, "BATCH_BYTES", batch)
+    monkeypatch.setattr(transfer, "PAGE_SIZE", 3)
+    monkeypatch.setattr(transfer, "EVENT_CHUNK", 2)
+    with statements(engine) as seen:
+        assert await export(store) == expected
+    # Large values were indeed read apart: more statements than pages and chunks alone.
+    assert sum("IN (" in sql and "CAST" in sql for sql, _ in seen) > 10
+
+
+MEASURE = """
+import asyncio, sys
+from sqlalchemy.ext.asyncio import create_async_engine
+from durable_sessions import SQLStore
+from durable_sessions.sql.transfer import count_sessions, export_jsonl
+
+class Sink:
+    def write(self, data):
+        return len(data)
+
+def status_kib(field):
+    # VmHWM is this process's own peak: ru_maxrss would also count the parent's RSS,
+    # which Linux carries over a fork and exec.
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+
+async def main():
+    engine = create_async_engine(sys.argv[1])
+    store = SQLStore(engine)
+    await count_sessions(store)  # every module loaded, a connection open
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak (VmHWM) starts again from the current RSS
+    before = status_kib("VmRSS")
+    counts = await export_jsonl(store, Sink())
+    await engine.dispose()
+    print(counts.events, before, status_kib("VmHWM"))
+
+asyncio.run(main())
+"""
+
+CEILING_MIB = 64
+"""What the export may add to its memory over 300 events of 1 MiB (it added 300+ before)."""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+async def test_export_memory_stays_flat_with_300_events_of_1_mib(
+    engine: AsyncEngine, backend_url: str
+) -> None:
+    """An export of 300 events of 1 MiB each, measured in a child process (VmHWM):
+    its peak is under CEILING_MIB over its memory before exporting."""
+    store = SQLStore(engine)
+    session = await Manager(store).create("o", "u")
+    big = "x" * ((1 << 20) - 2)  # 1 MiB as JSON, the default max_value_bytes
+    for _ in range(30):
+        await store.append_events("o", session.id, [Event("bot", big) for _ in range(10)])
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", MEASURE, backend_url],
+        capture_output=True,
+        check=True,
+        timeout=600,
+    )
+    events, before, peak = map(int, done.stdout.split())
+    assert events == 300
+    growth_mib = (peak - before) / 1024
+    assert growth_mib < CEILING_MIB, f"peak {peak / 1024:.0f} MiB, {growth_mib:.0f} MiB more"
+
+
+# -- ids and keys at their byte limits, and one byte over ----------------------------------
+
+
+def wide(size: int, low: int = 0x1F300, high: int = 0x1F64F, seed: int = 0) -> str:
+    """Random characters of one UTF-8 width (4 bytes by default), ASCII-padded to ``size``."""
+    rng = random.Random(f"{seed}:{size}")
+    width = len(chr(low).encode())
+    chars = "".join(chr(rng.randint(low, high)) for _ in range(size // width))
+    return chars + "p" * (size % width)
+
+
+def cjk_key(prefix: str, seed: int = 0) -> str:
+    """A key of exactly MAX_KEY_BYTES: the prefix, then 3-byte characters."""
+    return prefix + wide(MAX_KEY_BYTES - len(prefix), 0x4E00, 0x9FFF, seed)
+
+
+async def test_the_widest_ids_and_keys_from_sqlite_import_and_export_the_same_bytes(
+    engine: AsyncEngine, tmp_path: Path
+) -> None:
+    """A SQLite database holding 512-byte ids and 1,024-byte keys in every scope exports;
+    the export imports into SQLite and Postgres and exports again byte for byte."""
+    source_engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'widest.db'}")
+    try:
+        source = SQLStore(source_engine)
+        await source.migrate()
+        ids = [wide(MAX_ID_BYTES, seed=n) for n in range(8)]
+        state = {cjk_key(prefix, n): n for n in range(2) for prefix in ("", "user:", "app:")}
+        await source.create(
+            Session(id=ids[0], org_id=ids[1], user_id=ids[2], app_name=ids[3], state=state)
+        )
+        event = Event(ids[4], {"k": 1}, invocation_id=ids[5], id=ids[6], state_delta=state)
+        await source.append_event(ids[1], ids[0], event)
+        await source.fork(ids[1], ids[0], new_session_id=ids[7], with_events=True)
+        data = await export(source)
+    finally:
+        await source_engine.dispose()
+    store = SQLStore(engine)
+    counts = await import_jsonl(store, io.BytesIO(data))
+    assert (counts.sessions, counts.events, counts.user_state, counts.app_state) == (2, 2, 2, 2)
+    assert await export(store) == data
+
+
+def over(kind: str, field: str) -> tuple[dict[str, Any], str]:
+    """A record whose ``field`` is one byte over its limit, and the reason given for it."""
+    stamp = "2025-01-02T03:04:05.000006Z"
+    if field == "key":
+        prefix = "user:" if kind == "user_state" else "app:"
+        value = cjk_key(prefix)[len(prefix) :] + "x"
+        record = {"type": kind, "org_id": "o", "app_name": "a", "key": value, "value": 1,
+                  "updated_at": stamp}  # fmt: skip
+        if kind == "user_state":
+            record["user_id"] = "u"
+        return record, f"the key is {MAX_KEY_BYTES + 1} bytes as UTF-8"
+    value = wide(MAX_ID_BYTES) + "x"
+    if field == "state":
+        key = cjk_key("") + "x"
+        return {**SESSION, "state": {key: 1}}, f"the key is {MAX_KEY_BYTES + 1} bytes as UTF-8"
+    return {**SESSION, field: value}, f"{field} is {MAX_ID_BYTES + 1} bytes as UTF-8"
+
+
+@pytest.mark.parametrize(
+    ("kind", "field"),
+    [("session", "org_id"), ("session", "id"), ("session", "user_id"), ("session", "app_name"),
+     ("session", "parent_id"), ("session", "state"), ("user_state", "key"),
+     ("app_state", "key")],
+)  # fmt: skip
+async def test_import_refuses_an_id_or_key_one_byte_over_naming_the_line(
+    engine: AsyncEngine, kind: str, field: str
+) -> None:
+    """The import applies the stores' byte limits: the line's error, and nothing written."""
+    record, reason = over(kind, field)
+    header = dumps({"format": "durable-sessions", "type": "header", "version": 1})
+    good = dumps({**SESSION, "id": "first"})
+    data = "\n".join([header, good, dumps(record), ""]).encode()
+    with pytest.raises(ImportLineError) as caught:
+        await import_jsonl(SQLStore(engine), io.BytesIO(data))
+    assert caught.value.line == 3
+    assert f"line 3: {kind} field {field!r}: " in str(caught.value)
+    assert reason in str(caught.value)
     assert await tables_empty(engine)

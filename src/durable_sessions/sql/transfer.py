@@ -19,7 +19,21 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import IO, Any
 
-from sqlalchemy import String, Table, bindparam, func, select, tuple_
+from sqlalchemy import (
+    ColumnElement,
+    LargeBinary,
+    Select,
+    String,
+    Table,
+    Text,
+    bindparam,
+    case,
+    cast,
+    func,
+    null,
+    select,
+    tuple_,
+)
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -37,9 +51,9 @@ from ..state import (
     validate_value,
 )
 from .dialect import dialect_ops
-from .translate import translated
 from .schema import app_state, events, sessions, user_state
 from .store import SQLStore
+from .translate import translated
 
 __all__ = [
     "FORMAT",
@@ -61,6 +75,15 @@ PAGE_SIZE = 1000
 """Rows read per keyset page."""
 EVENT_CHUNK = 2000
 """At most this many events are read per query (bounded by the sessions' ``event_seq``)."""
+INLINE_BYTES = 4 << 10
+"""A title or JSON value up to this size (as UTF-8 text) is read with its row."""
+BATCH_BYTES = 8 << 20
+"""Larger values are read apart, at most this many bytes of them per query (or one value).
+
+So an export holds at most a page of sessions, a chunk of events (each value of either at
+most INLINE_BYTES) and BATCH_BYTES of larger values or one larger value, whatever the data:
+its memory does not grow with the number or the size of events (tests/test_transfer.py).
+"""
 BATCH_SIZE = 1000
 """Rows inserted per statement on import."""
 
@@ -205,28 +228,104 @@ RECORDS: dict[str, tuple[Table, dict[str, Check]]] = {
 """Each record type: its table, and a check for each field; the fields are the columns."""
 
 
-def _record(kind: str, row: Row[Any]) -> str:
-    data = {
-        k: _format_timestamp(v) if isinstance(v, datetime) else v
-        for k, v in row._mapping.items()
-        if k not in _LOCAL
-    }
-    return dumps({**data, "type": kind})
+def _record(kind: str, row: Mapping[Any, Any]) -> str:
+    """One record's line; the export reads JSON values as text, decoded only here."""
+    data: dict[str, Any] = {"type": kind}
+    for name, how in _FIELDS[kind]:
+        value = row[name]
+        if value is not None and how:
+            value = _format_timestamp(value) if how == _TIMESTAMP else json.loads(value)
+        data[name] = value
+    return dumps(data)
 
 
 # -- export --------------------------------------------------------------------------------
+
+_LARGE: dict[str, tuple[str, ...]] = {
+    "session": ("title", "state"),
+    "event": ("content", "state_delta"),
+    "user_state": ("value",),
+    "app_state": ("value",),
+}
+"""The columns of each record type whose size has no bound: a value larger than
+INLINE_BYTES is not read with its row but apart, in batches of at most BATCH_BYTES."""
+_JSON = {"state", "content", "state_delta", "value"}
+"""The JSON columns: read as text (JSONB printed by Postgres), decoded one record at a time."""
+_SIZE = "__size"
+"""The suffix of the column that gives the size of a large column's value."""
+_SIZES = {kind: [name + _SIZE for name in names] for kind, names in _LARGE.items()}
+_TIMESTAMPS = {"created_at", "updated_at", "timestamp"}
+_TIMESTAMP, _DECODE = 1, 2
+_FIELDS: dict[str, list[tuple[str, int]]] = {
+    kind: [
+        (name, _TIMESTAMP if name in _TIMESTAMPS else _DECODE if name in _JSON else 0)
+        for name in fields
+    ]
+    for kind, (_, fields) in RECORDS.items()
+}
+"""The fields of each record type, and whether each is a timestamp, JSON text, or as read."""
+
+
+def _text(column: ColumnElement[Any]) -> ColumnElement[Any]:
+    """A large column as text: JSON is cast, so that no driver or type decodes it."""
+    return cast(column, Text) if column.name in _JSON else column
+
+
+def _size(column: ColumnElement[Any], dialect: str) -> ColumnElement[int]:
+    """The size of a column's value as UTF-8 text, in bytes (0 for NULL)."""
+    if dialect == "postgresql":
+        size = func.octet_length(_text(column))
+    else:  # SQLite keeps JSON as text: its length in bytes, as a BLOB
+        size = func.length(cast(column, LargeBinary))
+    return func.coalesce(size, 0)
+
+
+def _columns(kind: str, dialect: str) -> list[ColumnElement[Any]]:
+    """The columns a query of ``kind`` records reads: each large value as text, only when
+    it is at most INLINE_BYTES (else NULL), and the size of each large value."""
+    table = RECORDS[kind][0]
+    out: list[ColumnElement[Any]] = []
+    sizes: list[ColumnElement[Any]] = []
+    for col in table.columns:
+        if col.name not in _LARGE[kind]:
+            out.append(col)
+            continue
+        size = _size(col, dialect)
+        out.append(case((size <= INLINE_BYTES, _text(col)), else_=null()).label(col.name))
+        sizes.append(size.label(col.name + _SIZE))
+    return out + sizes
+
+
+def _large(kind: str, row: Row[Any]) -> int:
+    """How many bytes of the row's values were left out for being large (0: none)."""
+    mapping = row._mapping
+    total = 0
+    for name in _SIZES[kind]:
+        size = mapping[name]
+        if size > INLINE_BYTES:
+            total += size
+    return total
+
+
+def page_queries(table: Table, dialect: str) -> tuple[Select[Any], Select[Any]]:
+    """The keyset page queries of a table: the first page, and the page after a key.
+
+    Rows come in primary-key order by code point: on Postgres, comparisons and the order
+    are in the C collation.
+    """
+    kind = next(kind for kind, (of, _) in RECORDS.items() if of is table)
+    pk = list(table.primary_key.columns)
+    pg = dialect == "postgresql"
+    keys = [col.collate("C") if pg and isinstance(col.type, String) else col for col in pk]
+    first = select(*_columns(kind, dialect)).order_by(*keys).limit(PAGE_SIZE)
+    bound = tuple_(*[bindparam(f"after_{col.name}", type_=col.type) for col in pk])
+    return first, first.where(tuple_(*keys) > bound)
 
 
 async def _pages(conn: AsyncConnection, table: Table) -> AsyncIterator[Sequence[Row[Any]]]:
     """Yield the table's rows in primary-key order, one keyset page at a time."""
     pk = list(table.primary_key.columns)
-    # Postgres compares text by the database's collation; "C" is code point order, which is
-    # what SQLite's BINARY and Python use, so every dialect lists rows in the same order.
-    pg = conn.dialect.name == "postgresql"
-    keys = [col.collate("C") if pg and isinstance(col.type, String) else col for col in pk]
-    first = select(table).order_by(*keys).limit(PAGE_SIZE)
-    bound = tuple_(*[bindparam(f"after_{col.name}", type_=col.type) for col in pk])
-    following = first.where(tuple_(*keys) > bound)
+    first, following = page_queries(table, conn.dialect.name)
     params: dict[str, Any] | None = None
     while True:
         rows = (await conn.execute(first if params is None else following, params or {})).all()
@@ -236,6 +335,39 @@ async def _pages(conn: AsyncConnection, table: Table) -> AsyncIterator[Sequence[
             return
         last = rows[-1]._mapping
         params = {f"after_{col.name}": last[col.name] for col in pk}
+
+
+async def _filled(
+    conn: AsyncConnection, kind: str, rows: Sequence[Row[Any]]
+) -> AsyncIterator[Mapping[Any, Any]]:
+    """Yield each row with its large values, read apart in batches of BATCH_BYTES at most
+    (a single value larger than that alone), only as the rows are reached."""
+    table = RECORDS[kind][0]
+    pk = list(table.primary_key.columns)
+    names = _LARGE[kind]
+    read: dict[tuple[Any, ...], Mapping[Any, Any]] = {}
+    for index, row in enumerate(rows):
+        if not _large(kind, row):
+            yield row._mapping
+            continue
+        key = tuple(row._mapping[col.name] for col in pk)
+        if key not in read:
+            read.clear()  # the previous batch has been written
+            batch: list[tuple[Any, ...]] = []
+            total = 0
+            for later in rows[index:]:
+                size = _large(kind, later)
+                if size and batch and total + size > BATCH_BYTES:
+                    break
+                if size:
+                    batch.append(tuple(later._mapping[col.name] for col in pk))
+                    total += size
+            wanted = [_text(table.c[name]).label(name) for name in names]
+            query = select(*pk, *wanted).where(tuple_(*pk).in_(batch))
+            for found in (await conn.execute(query)).all():
+                read[tuple(found._mapping[col.name] for col in pk)] = found._mapping
+        values = read.pop(key)
+        yield {**row._mapping, **{name: values[name] for name in names}}
 
 
 def _chunks(page: Sequence[Row[Any]]) -> Iterable[list[Row[Any]]]:
@@ -254,28 +386,41 @@ def _chunks(page: Sequence[Row[Any]]) -> Iterable[list[Row[Any]]]:
 
 async def _session_records(
     conn: AsyncConnection, page: Sequence[Row[Any]]
-) -> AsyncIterator[tuple[str, Row[Any]]]:
-    """Yield a page of sessions as records, each session followed by its events in seq order."""
+) -> AsyncIterator[tuple[str, Mapping[Any, Any]]]:
+    """Yield a page of sessions as records, each session followed by its events in seq order.
+
+    At most EVENT_CHUNK events are read per query, their large values apart (``_filled``).
+    """
+    columns = _columns("event", conn.dialect.name)
+    sessions_filled = _filled(conn, "session", page)
     for chunk in _chunks(page):
-        of_chunk = select(events).where(
+        of_chunk = select(*columns).where(
             events.c.org_id == chunk[0].org_id,
             events.c.session_id.in_([row.id for row in chunk if row.event_seq]),
         )
         if len(chunk) == 1 and chunk[0].event_seq > EVENT_CHUNK:
-            yield "session", chunk[0]  # a long transcript: read it by seq ranges
+            yield "session", await anext(sessions_filled)  # a long transcript: by seq ranges
             for start in range(0, chunk[0].event_seq, EVENT_CHUNK):
                 span = of_chunk.where(events.c.seq > start, events.c.seq <= start + EVENT_CHUNK)
-                for event in (await conn.execute(span.order_by(events.c.seq))).all():
-                    yield "event", event
+                rows = (await conn.execute(span.order_by(events.c.seq))).all()
+                async for record in _filled(conn, "event", rows):
+                    yield "event", record
             continue
         by_session: dict[str, list[Row[Any]]] = {row.id: [] for row in chunk}
         if any(row.event_seq for row in chunk):
             for event in (await conn.execute(of_chunk)).all():
                 by_session[event.session_id].append(event)
+        counts = {row.id: len(by_session[row.id]) for row in chunk}
+        ordered = [
+            event
+            for row in chunk
+            for event in sorted(by_session.pop(row.id), key=lambda event: int(event.seq))
+        ]
+        filled = _filled(conn, "event", ordered)
         for row in chunk:
-            yield "session", row
-            for event in sorted(by_session[row.id], key=lambda event: int(event.seq)):
-                yield "event", event
+            yield "session", await anext(sessions_filled)
+            for _ in range(counts[row.id]):
+                yield "event", await anext(filled)
 
 
 async def count_sessions(store: SQLStore) -> int:
@@ -320,15 +465,15 @@ async def export_jsonl(
                 await conn.exec_driver_sql("BEGIN")
             write(dumps({"format": FORMAT, "type": "header", "version": FORMAT_VERSION}))
             async for page in _pages(conn, sessions):
-                async for kind, row in _session_records(conn, page):
-                    write(_record(kind, row))
+                async for kind, record in _session_records(conn, page):
+                    write(_record(kind, record))
                     counts.add(kind)
                 if progress is not None:
                     progress(len(page))
             for kind in ("user_state", "app_state"):
                 async for page in _pages(conn, RECORDS[kind][0]):
-                    for row in page:
-                        write(_record(kind, row))
+                    async for record in _filled(conn, kind, page):
+                        write(_record(kind, record))
                     counts.add(kind, len(page))
             await conn.rollback()
     return counts

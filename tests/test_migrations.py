@@ -19,7 +19,7 @@ from sqlalchemy import inspect, make_url, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from durable_sessions import StoreUnavailableError
+from durable_sessions import Event, Manager, SQLStore, StoreUnavailableError
 from durable_sessions.migrate import (
     current,
     downgrade,
@@ -33,6 +33,15 @@ from durable_sessions.sql.schema import VERSION_TABLE, metadata
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 TABLES = {"ds_sessions", "ds_user_state", "ds_app_state", "ds_events"}
+# Search (revision 0003), outside the SQLAlchemy metadata: SQLite's FTS5 table (with its
+# shadow tables), its key table, view and triggers; Postgres's functions and GIN index.
+SQLITE_SEARCH_TABLES = {
+    "ds_events_fts", "ds_events_fts_data", "ds_events_fts_idx", "ds_events_fts_docsize",
+    "ds_events_fts_config", "ds_events_fts_rowid",
+}  # fmt: skip
+SQLITE_SEARCH_TRIGGERS = {"ds_events_fts_insert", "ds_events_fts_delete", "ds_events_fts_update"}
+PG_SEARCH_FUNCTIONS = {"ds_search_text", "ds_search_words", "ds_search_vector", "ds_search_query"}
+PG_SEARCH_INDEX = "ix_ds_events_search"
 INDEXES = {
     "ix_ds_sessions_org_user_updated",
     "ix_ds_sessions_org_updated",
@@ -84,6 +93,32 @@ async def index_names(engine: AsyncEngine) -> set[str]:
         return set((await conn.execute(text(sql))).scalars())
 
 
+def head_tables(engine: AsyncEngine) -> set[str]:
+    """The tables of a database at head: the schema's, and on SQLite the search tables."""
+    return TABLES | (SQLITE_SEARCH_TABLES if engine.dialect.name == "sqlite" else set())
+
+
+def is_search_object(obj: Any, name: str | None, type_: str, reflected: bool, other: Any) -> bool:
+    """Whether Alembic's comparison meets one of search's objects, which live outside the
+    metadata (their presence is tested apart): an ``include_object`` that leaves them out."""
+    return bool(name) and (
+        str(name).startswith("ds_events_fts") or name in (PG_SEARCH_INDEX, "search_vector")
+    )
+
+
+async def search_objects(engine: AsyncEngine) -> set[str]:
+    """The names of search's objects in the database (tables, triggers, view; functions)."""
+    if engine.dialect.name == "sqlite":
+        sql = "SELECT name FROM sqlite_master WHERE name LIKE 'ds\\_events\\_fts%' ESCAPE '\\'"
+    else:
+        sql = (
+            "SELECT proname FROM pg_proc WHERE proname LIKE 'ds\\_search\\_%' "
+            "UNION ALL SELECT indexname FROM pg_indexes WHERE indexname = 'ix_ds_events_search'"
+        )
+    async with engine.connect() as conn:
+        return set((await conn.execute(text(sql))).scalars())
+
+
 async def version_rows(engine: AsyncEngine) -> list[str]:
     """Return the rows of the version table."""
     async with engine.connect() as conn:
@@ -96,7 +131,7 @@ def test_script_location_and_head() -> None:
     assert (location / "env.py").is_file()
     assert (location / "script.py.mako").is_file()
     assert (location / "versions" / "0001_initial.py").is_file()
-    assert head() == "0002"
+    assert head() == "0003"
 
 
 def test_revisions_are_frozen_snapshots() -> None:
@@ -128,7 +163,7 @@ async def test_upgrade_downgrade_upgrade(db_engine: AsyncEngine) -> None:
     await upgrade(db_engine)
     assert await current(db_engine) == head()
     assert await is_current(db_engine) is True
-    assert await table_names(db_engine) == {*TABLES, VERSION_TABLE}
+    assert await table_names(db_engine) == {*head_tables(db_engine), VERSION_TABLE}
     assert await index_names(db_engine) >= INDEXES
     assert await version_rows(db_engine) == [head()]
 
@@ -141,6 +176,7 @@ async def test_upgrade_downgrade_upgrade(db_engine: AsyncEngine) -> None:
     assert await table_names(db_engine) == {VERSION_TABLE}
     assert not INDEXES & await index_names(db_engine)
     assert await version_rows(db_engine) == []
+    assert await search_objects(db_engine) == set()
 
     await upgrade(db_engine, "0001")
     assert await is_current(db_engine) is False  # behind head: the store must not run yet
@@ -163,7 +199,12 @@ async def test_migrated_schema_matches_metadata(db_engine: AsyncEngine) -> None:
 
     def diff(conn: Connection) -> list[Any]:
         context = MigrationContext.configure(
-            conn, opts={"version_table": VERSION_TABLE, "compare_type": True}
+            conn,
+            opts={
+                "version_table": VERSION_TABLE,
+                "compare_type": True,
+                "include_object": lambda *found: not is_search_object(*found),
+            },
         )
         return list(compare_metadata(context, metadata))
 
@@ -208,7 +249,7 @@ async def test_concurrent_upgrades_from_two_engines(db_url: str) -> None:
         for engine in engines:
             assert await is_current(engine) is True
         assert await version_rows(engines[0]) == [head()]
-        assert await table_names(engines[0]) == {*TABLES, VERSION_TABLE}
+        assert await table_names(engines[0]) == {*head_tables(engines[0]), VERSION_TABLE}
     finally:
         for engine in engines:
             await engine.dispose()
@@ -254,7 +295,7 @@ async def test_concurrent_upgrades_from_three_processes(db_url: str) -> None:
     try:
         assert await is_current(engine) is True
         assert await version_rows(engine) == [head()]
-        assert await table_names(engine) == {*TABLES, VERSION_TABLE}
+        assert await table_names(engine) == {*head_tables(engine), VERSION_TABLE}
     finally:
         await engine.dispose()
 
@@ -288,7 +329,7 @@ async def test_alembic_command_line(dialect: str, db_url: str) -> None:
     try:
         await run_alembic(url, "upgrade", "head")
         assert await is_current(engine) is True
-        assert await table_names(engine) == {*TABLES, VERSION_TABLE}
+        assert await table_names(engine) == {*head_tables(engine), VERSION_TABLE}
 
         await run_alembic(url, "downgrade", "base")
         assert await current(engine) is None
@@ -339,3 +380,35 @@ async def test_unreachable_postgres_raises_store_unavailable() -> None:
             await is_current(engine)
     finally:
         await engine.dispose()
+
+
+async def test_search_index_is_built_over_stored_events_and_dropped_by_downgrade(
+    db_engine: AsyncEngine,
+) -> None:
+    await upgrade(db_engine, "0002")
+    store = SQLStore(db_engine)
+    old = await Manager(store, app_name="app").create("org", "alice", id="old")
+    await store.append_event("org", old.id, Event("user", content={"text": "stored before"}))
+
+    await upgrade(db_engine)  # 0003 indexes the events already stored
+    found = await search_objects(db_engine)
+    if db_engine.dialect.name == "sqlite":
+        assert found == SQLITE_SEARCH_TABLES | SQLITE_SEARCH_TRIGGERS | {"ds_events_fts_text"}
+    else:
+        assert found == PG_SEARCH_FUNCTIONS | {PG_SEARCH_INDEX}
+    assert [h.session_id for h in await store.search("org", "stored")] == ["old"]
+    await store.append_event("org", old.id, Event("user", content="stored after"))
+    assert len(await store.search("org", "stored")) == 2
+
+    await downgrade(db_engine, "0002")
+    assert await search_objects(db_engine) == set()
+    assert len(await store.list_events("org", old.id)) == 2  # the events stay
+    await store.append_event("org", old.id, Event("user", content="stored meanwhile"))
+
+    await upgrade(db_engine)
+    assert [h.event.seq for h in await store.search("org", "stored")] == [3, 2, 1]
+    if db_engine.dialect.name == "sqlite":
+        async with db_engine.begin() as conn:  # the FTS5 index agrees with its content
+            await conn.exec_driver_sql(
+                "INSERT INTO ds_events_fts (ds_events_fts) VALUES ('integrity-check')"
+            )

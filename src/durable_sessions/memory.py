@@ -8,7 +8,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .errors import SessionExistsError, SessionNotFoundError, StaleSessionError
-from .model import Event, Filter, Page, Session, new_id, utcnow
+from .fulltext import term_count
+from .model import Event, Filter, Page, SearchHit, Session, new_id, utcnow
 from .prepare import (
     RECREATED,
     check_counters,
@@ -20,6 +21,7 @@ from .prepare import (
     check_list_page,
     check_max_bytes,
     check_purge,
+    check_search,
     check_session,
     check_shared_deletes,
     check_touch,
@@ -452,3 +454,33 @@ class InMemoryStore:
         if limit is not None:
             events = events[-limit:] if limit else []
         return [copy_json(e.content) for e in events]
+
+    async def search(
+        self,
+        org_id: str,
+        text: str,
+        *,
+        user_id: str | None = None,
+        app_name: str | None = None,
+        session_id: str | None = None,
+        limit: int = 20,
+    ) -> builtins.list[SearchHit]:
+        """Return the events holding every word of ``text``, best first: a plain scan of
+        the organisation's transcripts by the rules of ``fulltext`` (see ``Store``)."""
+        wanted = set(check_search(org_id, text, user_id, app_name, session_id, limit))
+        ranked: builtins.list[tuple[int, datetime, str, int, Event]] = []
+        for (org, sid), record in self._sessions.items():
+            meta = record.meta
+            if (
+                org != org_id
+                or (user_id is not None and meta.user_id != user_id)
+                or (app_name is not None and meta.app_name != app_name)
+                or (session_id is not None and sid != session_id)
+            ):
+                continue
+            for event in record.events:
+                count = term_count(event.content, wanted)
+                if count:
+                    ranked.append((count, event.timestamp, sid, event.seq, event))
+        ranked.sort(key=lambda hit: hit[:4], reverse=True)
+        return [SearchHit(sid, self._copy_event(event)) for _, _, sid, _, event in ranked[:limit]]

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .errors import InvalidArgumentError, StaleSessionError
+from .fulltext import MAX_QUERY, MAX_WORD, fold, query_words
 from .model import Event, Filter, Page, Session, new_id
 from .state import (
     APP_PREFIX,
@@ -47,6 +48,7 @@ __all__ = [
     "check_max_bytes",
     "check_older_than",
     "check_purge",
+    "check_search",
     "check_session",
     "check_shared_deletes",
     "check_timeout",
@@ -439,3 +441,41 @@ def make_page(filter: Filter, found: Sequence[Session], size: int) -> Page:
     sessions = list(found[:size])
     more = len(found) > size
     return Page(sessions, _encode_cursor(filter, sessions[-1]) if more else None)
+
+
+# -- search -----------------------------------------------------------------------------------
+
+
+def check_search(
+    org_id: str,
+    text: str,
+    user_id: str | None,
+    app_name: str | None,
+    session_id: str | None,
+    limit: int,
+) -> list[str]:
+    """Check a ``search``; return the (case-folded) words of ``text``, each once."""
+    validate_id("org_id", org_id)
+    if user_id is not None:
+        validate_id("user_id", user_id)
+    if app_name is not None:
+        validate_id("app_name", app_name, allow_empty=True)
+    if session_id is not None:
+        validate_id("session_id", session_id)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidArgumentError(f"limit must be an integer from 1 to {MAX_LIMIT}")
+    if not isinstance(text, str):
+        raise InvalidArgumentError(f"text must be a string, not {type(text).__name__}")
+    problem = check_text(text)
+    if problem:
+        raise InvalidArgumentError(f"text {problem}")
+    if len(text) > MAX_QUERY:
+        raise InvalidArgumentError(f"text is longer than {MAX_QUERY} characters")
+    found = query_words(text)
+    if not found:
+        raise InvalidArgumentError(
+            "text has no word to search for (a word is a run of letters, digits and marks)"
+        )
+    if any(len(word) > MAX_WORD for word in found):
+        raise InvalidArgumentError(f"text has a word longer than {MAX_WORD} characters")
+    return [fold(word) for word in found]

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import InvalidArgumentError
-from .model import Event, Filter, Page, Session
+from .model import Event, Filter, Page, SearchHit, Session
 
 __all__ = ["Store", "check_after_seq"]
 
@@ -325,5 +325,32 @@ class Store(Protocol):
         Raises:
             SessionNotFoundError: no such session in that organisation.
             InvalidArgumentError: ``limit`` is negative.
+        """
+        ...
+
+    async def search(
+        self,
+        org_id: str,
+        text: str,
+        *,
+        user_id: str | None = None,
+        app_name: str | None = None,
+        session_id: str | None = None,
+        limit: int = 20,
+    ) -> builtins.list[SearchHit]:
+        """Return the organisation's events whose content holds every word of ``text``.
+
+        An event's text is the string values of its content at any depth (ADK's
+        ``parts[].text``, a plain ``{"text": ...}``, a bare string), of which the first
+        200,000 characters are searched. Words (runs of letters, digits and marks) match
+        whole and without regard to case; the text is only ever words: quotes, operators
+        and the like in it are separators, never syntax. Best first: the most occurrences
+        of the words, then the newest event, then by session id and seq. Only sessions of
+        ``user_id``, of ``app_name``, or the one ``session_id``, when given.
+
+        Raises:
+            InvalidArgumentError: ``text`` has no word, is longer than 500 characters or
+                has a word longer than 255; ``limit`` is not from 1 to 2**63 - 1; an id is
+                malformed.
         """
         ...

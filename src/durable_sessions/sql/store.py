@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..errors import DeletionIncompleteError, InvalidArgumentError, StoreError
-from ..model import Event, Filter, Page, Session, new_id, utcnow
+from ..model import Event, Filter, Page, SearchHit, Session, new_id, utcnow
 from ..prepare import (
     check_delete_user,
     check_events_read,
@@ -25,6 +25,7 @@ from ..prepare import (
     check_list_page,
     check_max_bytes,
     check_purge,
+    check_search,
     check_session,
     check_timeout,
     check_touch,
@@ -43,11 +44,13 @@ from .postgres import PostgresPrograms, PostgresStatements
 from .programs import (
     Job,
     Programs,
+    event_from_row,
     session_from_row,
     session_with_state,
     shared_items,
 )
 from .runner import make_runner
+from .search import fts_match, search_query
 from .sqlite import SQLitePrograms, SQLiteStatements
 from .statements import Statements
 
@@ -573,3 +576,37 @@ class SQLStore:
         stmt = self._q.shape(("contents", has_limit), lambda: self._q.event_contents(has_limit))
         program = self._programs.contents(stmt, params)
         return await self._runner.run(program, "read", "list_events")
+
+    # -- search ----------------------------------------------------------------------------------
+
+    async def search(
+        self,
+        org_id: str,
+        text: str,
+        *,
+        user_id: str | None = None,
+        app_name: str | None = None,
+        session_id: str | None = None,
+        limit: int = 20,
+    ) -> builtins.list[SearchHit]:
+        """Return the events holding every word of ``text``, best first (see ``Store``).
+
+        One statement over the full-text index: Postgres's GIN index on
+        ``ds_events.search_vector``, SQLite's FTS5 table; every hit is ranked, so the
+        cost grows with the number of events that hold all the words.
+        """
+        check_search(org_id, text, user_id, app_name, session_id, limit)
+        shape = (user_id is not None, app_name is not None, session_id is not None)
+        await self._ready("search")
+        postgres = self._ops.is_postgres
+        stmt = self._q.shape(("search", *shape), lambda: search_query(postgres, *shape))
+        params = {
+            "k_org": org_id, "k_text": text, "k_match": "" if postgres else fts_match(text),
+            "k_user": user_id, "k_app": app_name, "k_session": session_id, "k_limit": limit,
+        }  # fmt: skip
+        program = self._programs.rows(stmt, params, _hit_from_row)
+        return await self._runner.run(program, "read", "search")
+
+
+def _hit_from_row(row: Any) -> SearchHit:
+    return SearchHit(row.session_id, event_from_row(row))

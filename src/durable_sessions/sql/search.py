@@ -1,0 +1,129 @@
+"""The statements of ``search``: the full-text index of each dialect, read in one statement.
+
+The index itself belongs to Alembic (revision 0003): the generated column
+``ds_events.search_vector`` under a GIN index on Postgres, the FTS5 table ``ds_events_fts``
+(kept in step by triggers, keyed through ``ds_events_fts_rowid``) on SQLite. Neither is in
+the SQLAlchemy metadata, so they are named here as lightweight tables and columns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Integer,
+    Text,
+    any_,
+    bindparam,
+    column,
+    func,
+    literal_column,
+    select,
+    table,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, TSQUERY, TSVECTOR
+
+from ..fulltext import query_words
+from .schema import events, sessions
+from .statements import EVENT_COLUMNS
+
+__all__ = ["fts_match", "search_query"]
+
+E = events
+S = sessions
+_FTS = table("ds_events_fts", column("rowid", Integer), column("body", Text))
+_KEYS = table(
+    "ds_events_fts_rowid",
+    column("rid", Integer),
+    column("org_id", Text),
+    column("session_id", Text),
+    column("seq", Integer),
+)
+
+
+def fts_match(text: str) -> str:
+    """An FTS5 query of every word of ``text``, each a quoted string: operators, column
+    filters, ``*`` and keywords in the text stay data (a word holds no quote)."""
+    return " ".join(f'"{word}"' for word in query_words(text))
+
+
+def search_query(postgres: bool, user: bool, app: bool, session: bool) -> Any:
+    """``search``: one organisation's events holding every word of the text, best first.
+
+    Best: the most occurrences of the words (each event's rank), then the newest, then
+    by session id and seq (code point order), so that every store orders hits alike.
+    Every table is filtered on ``org_id = :k_org`` (one shard on Citus).
+    """
+    org: Any = bindparam("k_org")
+    rank: Any
+    session_order: Any
+    if postgres:
+        vector = literal_column("ds_events.search_vector", type_=TSVECTOR)
+        wanted = select(
+            func.ds_search_words(bindparam("k_text", type_=Text), type_=ARRAY(Text)).label("w")
+        ).cte("wanted")
+        found = (
+            func.unnest(
+                func.ds_search_words(
+                    func.ds_search_text(E.c.content, type_=Text), type_=ARRAY(Text)
+                )
+            )
+            .table_valued(column("word", Text))
+            .render_derived("found")
+        )
+        rank = (
+            select(func.count())
+            .select_from(found)
+            .where(found.c.word == any_(wanted.c.w))
+            .scalar_subquery()
+        )
+        query = (
+            select(E.c.session_id, *EVENT_COLUMNS, rank.label("rank"))
+            .select_from(E)
+            .join(wanted, literal_column("true"))
+            .where(
+                E.c.org_id == org,
+                vector.op("@@", return_type=Boolean)(
+                    func.ds_search_query(bindparam("k_text", type_=Text), type_=TSQUERY)
+                ),
+            )
+        )
+        session_order = E.c.session_id.collate("C")
+    else:
+        # The count of highlighted instances: how much longer highlight() made the text.
+        marked = func.highlight(literal_column("ds_events_fts"), 0, "[", "")
+        rank = func.length(marked) - func.length(_FTS.c.body)
+        query = (
+            select(E.c.session_id, *EVENT_COLUMNS, rank.label("rank"))
+            .select_from(_FTS)
+            .join(_KEYS, _KEYS.c.rid == _FTS.c.rowid)
+            .join(
+                E,
+                (E.c.org_id == _KEYS.c.org_id)
+                & (E.c.session_id == _KEYS.c.session_id)
+                & (E.c.seq == _KEYS.c.seq),
+            )
+            .where(
+                literal_column("ds_events_fts").op("MATCH")(bindparam("k_match", type_=Text)),
+                _KEYS.c.org_id == org,
+                E.c.org_id == org,
+            )
+        )
+        if session:
+            query = query.where(_KEYS.c.session_id == bindparam("k_session"))
+        session_order = E.c.session_id
+    if session:
+        query = query.where(E.c.session_id == bindparam("k_session"))
+    if user or app:
+        query = query.join(S, S.c.id == E.c.session_id).where(S.c.org_id == org)
+        if user:
+            query = query.where(S.c.user_id == bindparam("k_user"))
+        if app:
+            query = query.where(S.c.app_name == bindparam("k_app"))
+    return query.order_by(
+        literal_column("rank").desc(),
+        E.c.timestamp.desc(),
+        session_order.desc(),
+        E.c.seq.desc(),
+    ).limit(bindparam("k_limit"))

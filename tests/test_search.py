@@ -1,0 +1,245 @@
+"""Search beyond the contract: one definition of words on every store, the frozen copies
+of it in the revision, the index each dialect reads, and the limits of what is indexed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import re
+import sqlite3
+import unicodedata
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from durable_sessions import Event, InMemoryStore, Manager, SQLStore, Store, fulltext
+from durable_sessions.migrate import script_location
+from sqlhelpers import SQL_BACKENDS, data_statements, statements
+
+REVISION = Path(script_location()) / "versions" / "0003_search.py"
+
+
+def _revision() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("search_revision", REVISION)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _assigned() -> list[str]:
+    return [
+        chr(code)
+        for code in range(0x21, 0x110000)
+        if unicodedata.category(chr(code)) not in ("Cn", "Cs")
+    ]
+
+
+# -- one definition ---------------------------------------------------------------------------
+
+
+def test_the_revision_holds_frozen_copies_of_the_definition() -> None:
+    revision = _revision()
+    for name in ("WORD_RANGES", "SQLITE_SEPARATORS", "FOLD_FROM", "FOLD_TO"):
+        assert getattr(revision, name) == getattr(fulltext, name), name
+    assert (revision.MAX_TEXT, revision.MAX_WORD) == (fulltext.MAX_TEXT, fulltext.MAX_WORD)
+
+
+@pytest.mark.skipif(unicodedata.unidata_version != "14.0.0", reason="the tables are Unicode 14")
+def test_word_characters_are_unicode_14_letters_digits_and_marks() -> None:
+    ranges = fulltext.parse_ranges(fulltext.WORD_RANGES)
+    table = {code for first, last in ranges for code in range(first, last + 1)}
+    expected = {
+        code
+        for code in range(0x110000)
+        if unicodedata.category(chr(code))[0] in "LNM" or unicodedata.category(chr(code)) == "Co"
+    }
+    assert table == expected
+
+
+def test_words_event_text_and_snippets() -> None:
+    assert fulltext.words("Hello, WORLD! foo_bar e-mail x²y ΣΊΣΥΦΟΣ thanks🙏") == [
+        "hello", "world", "foo", "bar", "e", "mail", "x²y", "σίσυφοσ", "thanks",
+    ]  # fmt: skip
+    content = {"parts": [{"text": "a"}, {"inline": {"data": "b", "n": 1}}], "role": "c"}
+    assert fulltext.event_text(content) == "a b c"
+    assert fulltext.event_text("x" * 300_000) == "x" * fulltext.MAX_TEXT
+    assert fulltext.event_text(None) == fulltext.event_text([1, True, None]) == ""
+    assert fulltext.query_words('Tea "tea" TEA -coffee') == ["Tea", "coffee"]
+    line = fulltext.snippet({"text": "word " * 50 + "needle in a haystack"}, "NEEDLE")
+    assert "needle in a haystack" in line
+    assert line.startswith("…")
+
+
+def test_sqlite_splits_every_character_as_fulltext_does() -> None:
+    """SQLite's tokenizer, configured as the revision configures it, agrees on every
+    assigned character: what is a word character, and what separates words."""
+    revision = _revision()
+    separators = "".join(
+        chr(c) for a, b in revision._ranges(revision.SQLITE_SEPARATORS) for c in range(a, b + 1)
+    )
+    tokenize = (
+        f"unicode61 remove_diacritics 0 categories 'L* N* M* Co' separators '{separators}'"
+    ).replace("'", "''")
+    conn = sqlite3.connect(":memory:")
+    conn.execute(f"CREATE VIRTUAL TABLE f USING fts5(b, tokenize='{tokenize}')")
+    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(f, instance)")
+    chars = _assigned()
+    conn.executemany("INSERT INTO f (rowid, b) VALUES (?, ?)", [(ord(c), f"a{c}a") for c in chars])
+    counts: dict[int, int] = {}
+    for (doc,) in conn.execute("SELECT doc FROM v"):
+        counts[doc] = counts.get(doc, 0) + 1
+    differ = [hex(ord(c)) for c in chars if counts.get(ord(c)) != len(fulltext.words(f"a{c}a"))]
+    assert differ == []
+
+
+@pytest.mark.postgres
+async def test_postgres_splits_and_folds_every_character_as_fulltext_does(
+    migrated_pg_url: str,
+) -> None:
+    """ds_search_words agrees with fulltext.words on every assigned character (which is
+    a word character, and its case folding, on this database's UTF-8 locale)."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    chars = _assigned()
+    engine = create_async_engine(migrated_pg_url)
+    try:
+        async with engine.connect() as conn:
+            result = await conn.execute(
+                text("SELECT ds_search_words('a' || c || 'a') FROM unnest(CAST(:cs AS text[])) c"),
+                {"cs": chars},
+            )
+            found = [row[0] for row in result]
+    finally:
+        await engine.dispose()
+    split = [
+        hex(ord(c))
+        for c, got in zip(chars, found, strict=True)
+        if len(got) != len(fulltext.words(f"a{c}a"))
+    ]
+    assert split == []
+    # Case folding is the database locale's lower(): on C.UTF-8 it agrees with Python's
+    # for every letter both know of (Python's Unicode may be newer than the locale's).
+    folded = [
+        hex(ord(c))
+        for c, got in zip(chars, found, strict=True)
+        if got != fulltext.words(f"a{c}a") and unicodedata.category(c) != "Lu"
+    ]
+    assert folded == []
+
+
+# -- the same answers on every store ----------------------------------------------------------
+
+VOCABULARY = [
+    "alpha", "beta", "gamma", "delta", "Lisbon", "lisbon", "LISBON", "flight", "Flight",
+    "hotel", "booking", "café", "cafe", "ΣΊΣΥΦΟΣ", "σίσυφος", "Привет", "日本語", "x2", "42",
+    "thanks🙏", "e-mail", "bob@example.com", "or", "and", "not", "near",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["memory", *SQL_BACKENDS])
+async def test_every_store_gives_the_memory_stores_answers(store: Store) -> None:
+    memory = InMemoryStore()
+    rng = random.Random(14)
+    for target in (memory, store):
+        rng.seed(14)
+        for s in range(12):
+            manager = Manager(target, app_name="app" if s % 3 else "other")
+            session = await manager.create("org", f"user{s % 4}", id=f"s{s:02d}")
+            contents: list[Any] = []
+            for _ in range(15):
+                words = " ".join(rng.choice(VOCABULARY) for _ in range(rng.randint(1, 12)))
+                shape = rng.randrange(4)
+                contents.append(
+                    [
+                        words,
+                        {"parts": [{"text": words}], "role": "user"},
+                        {"text": words},
+                        [1, words],
+                    ][shape]
+                )
+            await target.append_events(
+                "org", session.id, [Event("user", content=c) for c in contents]
+            )
+    queries = [
+        "alpha", "lisbon flight", "CAFÉ", "cafe", "σίσυφος", "日本語", "thanks", "e mail",
+        "bob example com", "or", "not near", "x2", "42", "alpha beta gamma", "hotel -booking",
+        '"lisbon"', "user", "delta*",
+    ]  # fmt: skip
+    for query in queries:
+        for kwargs in ({"limit": 200}, {"user_id": "user1"}, {"app_name": "other", "limit": 3}):
+            expected = await memory.search("org", query, **kwargs)  # type: ignore[arg-type]
+            got = await store.search("org", query, **kwargs)  # type: ignore[arg-type]
+            assert [(h.session_id, h.event.seq) for h in got] == [
+                (h.session_id, h.event.seq) for h in expected
+            ], (query, kwargs)
+
+
+@pytest.mark.parametrize("backend", ["memory", *SQL_BACKENDS])
+async def test_only_the_first_200000_characters_are_searched(store: Store) -> None:
+    session = await Manager(store).create("org", "alice", id="big")
+    big = "early " + "x " * 99_994 + "edge  late"  # "late" starts at character 200,000
+    assert big.index("late") == fulltext.MAX_TEXT
+    await store.append_event("org", session.id, Event("tool", content={"output": big}))
+    assert [h.session_id for h in await store.search("org", "early edge")] == ["big"]
+    assert await store.search("org", "late") == []
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_huge_and_odd_contents_are_stored_and_searched(engine: AsyncEngine) -> None:
+    """Contents past what one tsvector holds, words longer than any index entry, quotes
+    and escapes: every append lands, and search reads what it can."""
+    store = SQLStore(engine, max_value_bytes=None)
+    session = await Manager(store).create("org", "alice", id="odd")
+    rng = random.Random(1)
+    distinct = " ".join(f"{rng.getrandbits(64):016x}" for _ in range(200_000))  # 3.4 MB
+    odd = ['quote " back \\ slash', "tab\tnew\nline\u0001ctl", "long " + "y" * 3_000]
+    await store.append_event("org", session.id, Event("tool", content=distinct))
+    await store.append_event("org", session.id, Event("tool", content={"odd": odd}))
+    first = distinct.split()[0]
+    assert [h.event.seq for h in await store.search("org", first)] == [1]
+    assert [h.event.seq for h in await store.search("org", "back slash quote")] == [2]
+    assert [h.event.seq for h in await store.search("org", "tab new line ctl")] == [2]
+    assert [h.event.seq for h in await store.search("org", "long")] == [2]
+
+
+# -- the index each dialect reads -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_search_is_one_statement_served_by_the_full_text_index(
+    backend: str, engine: AsyncEngine
+) -> None:
+    store = SQLStore(engine)
+    for s in range(30):
+        session = await Manager(store).create("org", "alice", id=f"s{s}")
+        contents = [f"filler words number {n}" for n in range(20)]
+        if s == 7:
+            contents[3] = "the rare needle"
+        await store.append_events("org", session.id, [Event("user", content=c) for c in contents])
+    if backend == "postgres":
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("ANALYZE ds_events, ds_sessions")
+    with statements(engine) as seen:
+        hits = await store.search("org", "needle rare")
+    assert [(h.session_id, h.event.seq) for h in hits] == [("s7", 4)]
+    (sql,) = data_statements(seen)
+    params = next(p for s, p in seen if s == sql)
+    async with engine.connect() as conn:
+        if backend == "postgres":
+            await conn.exec_driver_sql("SET enable_seqscan = off")  # a small table
+            raw = (await conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}", params)).scalar()
+            plan = json.dumps(json.loads(raw) if isinstance(raw, str) else raw)
+            assert re.findall(r'"Index Name": "(\w+)"', plan) == ["ix_ds_events_search"]
+        else:
+            rows = (await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params)).all()
+            details = " | ".join(str(r[-1]) for r in rows)
+            assert "SCAN ds_events_fts VIRTUAL TABLE INDEX" in details, details
+            assert "ds_events_fts_rowid USING INTEGER PRIMARY KEY" in details, details
+            assert "ds_events USING INDEX sqlite_autoindex_ds_events_1" in details, details

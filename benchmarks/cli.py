@@ -80,6 +80,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="openai: the OpenAI Agents SDK session beside the SDK's SQLAlchemySession "
         "(benchmarks/openai_suite.py; --backend, --duration, --concurrency apply)",
     )
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help="Postgres: durable-sessions (and its ADK adapter) in distributed mode, Citus's "
+        "shape (writes as transactions of single-table statements), forced on the benchmark "
+        "databases by their setting durable_sessions.distributed",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     args = parser.parse_args(argv)
@@ -172,6 +179,12 @@ def _cores() -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.distributed:
+        import os
+
+        from .common import DISTRIBUTED_ENV
+
+        os.environ[DISTRIBUTED_ENV] = "1"
     if args.profile:
         from .profile import run_profile
 

@@ -39,6 +39,10 @@ Op = Callable[[], Awaitable[Any]]
 """One measured operation of one worker."""
 
 
+DISTRIBUTED_ENV = "DURABLE_SESSIONS_BENCH_DISTRIBUTED"
+"""Set (by ``--distributed``): the Postgres databases run every store in distributed mode."""
+
+
 def pg_admin_url() -> str:
     return os.environ.get("DURABLE_SESSIONS_BENCH_POSTGRES_URL", DEFAULT_PG_ADMIN_URL)
 
@@ -83,6 +87,10 @@ class Database:
         con = await asyncpg.connect(raw_pg_dsn(pg_admin_url()))
         try:
             await con.execute(f'CREATE DATABASE "{self.name}"')
+            if os.environ.get(DISTRIBUTED_ENV):  # every SQLStore on it: distributed mode
+                await con.execute(
+                    f'ALTER DATABASE "{self.name}" SET durable_sessions.distributed = on'
+                )
         finally:
             await con.close()
 

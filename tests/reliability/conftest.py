@@ -92,8 +92,8 @@ async def _prepare(url: str, migrate: bool) -> None:
 def sync_url(request: pytest.FixtureRequest, backend: str) -> str | None:
     """For synchronous tests that own their loop: the URL of a migrated, empty database.
 
-    None for the memory backend; a new SQLite file; the run's migrated Postgres database,
-    emptied.
+    None for the memory backend; a new SQLite file; the run's migrated Postgres database
+    (the distributed one for postgres-distributed), emptied.
     """
     if backend == "memory":
         return None
@@ -101,6 +101,6 @@ def sync_url(request: pytest.FixtureRequest, backend: str) -> str | None:
         url = str(request.getfixturevalue("sqlite_url"))
         run_in_thread(_prepare(url, migrate=True))
         return url
-    url = str(request.getfixturevalue("migrated_pg_url"))
+    url = str(request.getfixturevalue("backend_url"))
     run_in_thread(_prepare(url, migrate=False))
     return url

@@ -21,9 +21,9 @@ from durable_sessions.migrate import current, head
 from reliability.figures import Figures
 from reliability.helpers import count_present
 from reliability.jobs import PROCESSES, in_processes, scoped_keys
-from sqlhelpers import SQL_BACKENDS
+from sqlhelpers import PG_DISTRIBUTED, SQL_BACKENDS
 
-pytestmark = [pytest.mark.slow, pytest.mark.parametrize("backend", SQL_BACKENDS)]
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED])]
 
 SCHEMA_TABLES = {"ds_sessions", "ds_user_state", "ds_app_state", "ds_events"}
 

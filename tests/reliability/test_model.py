@@ -36,11 +36,11 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from durable_sessions import Event, Filter, InMemoryStore, Session, SessionError, SQLStore, Store
 from reliability.figures import Figures
 from reliability.helpers import OwnedLoop, event_view, observe_org, reset_tables, session_view
-from sqlhelpers import SQL_BACKENDS
+from sqlhelpers import PG_DISTRIBUTED, SQL_BACKENDS
 
 _T = TypeVar("_T")
 
-pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
+pytestmark = pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED])
 
 ORGS = ("o1", "o2")
 DELETE = object()

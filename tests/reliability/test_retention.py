@@ -37,9 +37,9 @@ from durable_sessions import (
 from durable_sessions.model import utcnow
 from durable_sessions.sql import statements as sql_statements
 from reliability.figures import Figures
-from sqlhelpers import SQL_BACKENDS, raw_pg
+from sqlhelpers import PG_DISTRIBUTED, SQL_BACKENDS, raw_pg
 
-pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
+pytestmark = pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED])
 
 ORG = "org"
 WRITERS = 6
@@ -208,7 +208,7 @@ async def held(backend: str, url: str, session_id: str, hold: float) -> AsyncIte
         finally:
             db.close()
 
-    if backend == "postgres":
+    if backend != "sqlite":
         holder = asyncio.create_task(hold_pg())
     else:
         holder = asyncio.create_task(asyncio.to_thread(hold_sqlite, asyncio.get_running_loop()))
@@ -337,7 +337,7 @@ async def test_delete_user_gives_up_with_a_typed_error_saying_what_is_left(
     """A writer holding a session longer than the store waits: a typed error, not a skip;
     what was deleted stays deleted, and running it again finishes the erasure."""
     doomed = await seed_user(Manager(SQLStore(engine)), "alice", SESSIONS)
-    if backend == "postgres":
+    if backend != "sqlite":
         error: type[Exception] = DeletionIncompleteError
     else:  # the whole database is locked: SQLite's busy timeout is the bound
         error = StoreUnavailableError

@@ -223,15 +223,18 @@ class StepwisePrograms(Programs):
         return int(done.version)
 
     def delete(self, org_id: str, session_id: str) -> Job[None]:
-        return Job(self._delete({"k_org": org_id, "k_id": session_id}), "write")
+        # On Postgres one statement: the events go with the session row (ON DELETE CASCADE,
+        # since the first revision), atomic by itself. SQLite deletes them explicitly too.
+        key = {"k_org": org_id, "k_id": session_id}
+        return Job(self._delete(key), "atomic" if self.row_locks else "write")
 
     def _delete(self, key: dict[str, Any]) -> Program[None]:
-        # The session row first (on Postgres its lock orders this delete with the writers of
-        # the session, which lock it before its events); its events go with it (ON DELETE
-        # CASCADE) and again explicitly.
+        # The session row first: on Postgres its lock orders this delete with the writers
+        # of the session, which lock it before its events.
         if not (yield Query(self.q.delete_session, key)).rowcount:
             raise SessionNotFoundError(key["k_org"], key["k_id"])
-        yield Query(self.q.delete_events, key)
+        if not self.row_locks:
+            yield Query(self.q.delete_events, key)
 
     def _private_merge(self, params: dict[str, Any], delta: ScopedDelta) -> Program[None]:
         """Pass an append's private delta: merged in the UPDATE where the dialect can

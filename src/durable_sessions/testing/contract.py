@@ -879,6 +879,23 @@ class StoreContract:
         with pytest.raises(SessionNotFoundError):
             await manager.fork(ORG, "nope")
 
+    async def test_fork_into_a_taken_id_raises_and_changes_nothing(
+        self, manager: Manager, store: Store
+    ) -> None:
+        parent = await _parent(manager, store)
+        taken = await manager.create(ORG, USER, state={"t": 1})
+        with pytest.raises(SessionNotFoundError):  # another organisation's parent
+            await store.fork("org-b", parent.id, new_session_id="fresh", with_events=True)
+        with pytest.raises(SessionExistsError):
+            await store.fork(ORG, parent.id, new_session_id=taken.id, with_events=True)
+
+        got = await manager.get(ORG, taken.id)
+        assert (got.state, got.version, got.parent_id) == (taken.state, 1, None)
+        assert await store.list_events(ORG, taken.id) == []
+        with pytest.raises(SessionNotFoundError):
+            await manager.get("org-b", "fresh")
+        assert len(await store.list_events(ORG, parent.id)) == 3
+
     # -- delete, purge, delete_user ---------------------------------------------------------------
 
     async def test_delete_removes_the_events_and_a_recreated_session_starts_afresh(

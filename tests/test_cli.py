@@ -28,8 +28,8 @@ from sqlhelpers import raw_pg
 
 PROG = "durable-sessions"
 COMMANDS = [
-    "demo", "migrate", "current", "check", "downgrade", "list", "show", "fork", "delete",
-    "purge", "delete-user", "export", "import",
+    "demo", "migrate", "current", "check", "downgrade", "list", "show", "search", "fork",
+    "delete", "purge", "delete-user", "export", "import",
 ]  # fmt: skip
 
 
@@ -268,7 +268,7 @@ def test_list_show_fork_delete(db_url: str, capsys: pytest.CaptureFixture[str]) 
     assert ids["ada"] not in out
     code, out, _ = cli(capsys, "--url", db_url, "list", "--org", "acme", "--limit", "1")
     assert ids["bob"] in out
-    assert "--limit 0 shows all" in out
+    assert "--all (or --limit 0) shows every page" in out
     code, out, _ = cli(capsys, "--url", db_url, "list", "--org", "acme", "--app", "nope")
     assert out == "No sessions in organisation 'acme' match.\n"
 
@@ -315,6 +315,127 @@ def test_list_show_fork_delete(db_url: str, capsys: pytest.CaptureFixture[str]) 
     assert one_error_line(err) == (
         f"{PROG}: error: session {ids['ada']!r} not found in organisation 'acme'"
     )
+
+
+def _hinted(out: str) -> list[str]:
+    """The arguments of the command a hint names (between backticks), without the program."""
+    command = out.split("`")[1]
+    words = shlex.split(command)
+    assert words[0] == PROG
+    return words[1:]
+
+
+async def _many_sessions(manager: Manager) -> list[str]:
+    made = []
+    for n in range(5):
+        session = await manager.create("acme", "ada" if n % 2 else "bob", id=f"s{n}")
+        await manager.append_event(session, Event(author="ada", content=f"message {n}"))
+        made.append(session.id)
+    return made[::-1]  # newest first
+
+
+def test_list_pages_by_cursor_and_streams_every_page(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    migrate(db_url)
+    newest_first = with_manager(db_url, _many_sessions)
+
+    def ids(out: str) -> list[str]:
+        return [line.split()[0] for line in out.splitlines() if line.split()[:1] != ["id"]
+                and line.startswith("s")]  # fmt: skip
+
+    code, out, err = cli(capsys, "--url", db_url, "list", "--org", "acme", "--limit", "2")
+    assert (code, err) == (0, "")
+    assert ids(out) == newest_first[:2]
+    walked = ids(out)
+    while "The next" in out:
+        hinted = _hinted(out)
+        assert hinted[:5] == ["--url", db_url, "list", "--org", "acme"]
+        code, out, err = cli(capsys, *hinted)
+        assert (code, err) == (0, "")
+        walked += ids(out)
+    assert walked == newest_first
+
+    for every in (["--all", "--limit", "2"], ["--limit", "0"]):
+        code, out, _ = cli(capsys, "--url", db_url, "list", "--org", "acme", *every)
+        assert code == 0
+        assert ids(out) == newest_first
+        assert out.count("messages") == 1  # one header, pages streamed below it
+        assert "The next" not in out
+    code, out, _ = cli(capsys, "--url", db_url, "list", "--org", "acme", "--user", "ada", "--all")
+    assert ids(out) == [i for i in newest_first if i in ("s1", "s3")]
+
+    code, out, _ = cli(capsys, "--url", db_url, "list", "--org", "acme", "--limit", "1")
+    cursor = _hinted(out)[_hinted(out).index("--cursor") + 1]
+    code, _, err = cli(capsys, "--url", db_url, "list", "--org", "acme", "--cursor", cursor + "x")
+    assert code == 1
+    assert "cursor is not one this store made" in one_error_line(err)
+    code, _, err = cli(
+        capsys, "--url", db_url, "list", "--org", "acme", "--user", "ada", "--cursor", cursor
+    )
+    assert code == 1
+    assert "another listing" in one_error_line(err)
+
+
+def test_show_reads_a_transcript_forward_after_a_seq(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    migrate(db_url)
+    ids = with_manager(db_url, _seed_conversations)
+    code, out, err = cli(
+        capsys, "--url", db_url, "show", ids["ada"], "--org", "acme", "--after-seq", "1",
+        "--events", "1",
+    )  # fmt: skip
+    assert (code, err) == (0, "")
+    events = out.split("1 events after #1 (of 3)")[1]
+    assert '{"tool":"track"}' in events
+    assert "It ships today" not in events
+    assert _hinted(events)[-2:] == ["--after-seq", "2"]
+    code, out, _ = cli(capsys, *_hinted(events))
+    assert "It ships today" in out.split("after #2")[1]
+    assert "The next events" not in out
+
+
+async def _searchable(manager: Manager) -> dict[str, str]:
+    ada = await manager.create("acme", "ada")
+    bob = await manager.create("acme", "bob")
+    await manager.append_event(
+        ada, Event(author="ada", content={"parts": [{"text": "Where is my parcel? " * 8}]})
+    )
+    await manager.append_event(ada, Event(author="agent", content="Your parcel ships today"))
+    await manager.append_event(bob, Event(author="bob", content="A parcel, a parcel!"))
+    return {"ada": ada.id, "bob": bob.id}
+
+
+def test_search_prints_session_seq_author_and_a_snippet(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    migrate(db_url)
+    ids = with_manager(db_url, _searchable)
+    code, out, err = cli(capsys, "--url", db_url, "search", "PARCEL", "--org", "acme")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].split() == ["session", "#", "author", "text"]
+    rows = [line.split(maxsplit=3) for line in lines[2:]]
+    # Eight mentions, then two (bob's, newer), then one.
+    assert [row[:3] for row in rows] == [
+        [ids["ada"], "1", "ada"], [ids["bob"], "1", "bob"], [ids["ada"], "2", "agent"],
+    ]  # fmt: skip
+    assert rows[0][3].startswith("Where is my parcel? Where is my parcel?")
+    assert rows[0][3].endswith("…")  # a snippet, not the whole text
+    assert rows[2][3] == "Your parcel ships today"
+
+    code, out, _ = cli(
+        capsys, "--url", db_url, "search", "parcel", "today", "--org", "acme", "--user", "ada"
+    )
+    assert [line.split()[:2] for line in out.splitlines()[2:]] == [[ids["ada"], "2"]]
+    code, out, _ = cli(capsys, "--url", db_url, "search", "parcel", "--org", "acme", "--limit", "1")
+    assert len(out.splitlines()[2:]) == 1
+    code, out, _ = cli(capsys, "--url", db_url, "search", '"parcel', "OR", "nope", "--org", "acme")
+    assert out == "No events in organisation 'acme' hold every word of '\"parcel OR nope'.\n"
+    code, _, err = cli(capsys, "--url", db_url, "search", "?!", "--org", "acme")
+    assert code == 1
+    assert "no word to search for" in one_error_line(err)
 
 
 # -- retention -----------------------------------------------------------------------------

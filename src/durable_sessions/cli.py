@@ -44,6 +44,8 @@ DEFAULT_URL = "sqlite+aiosqlite:///durable-sessions.db"
 _EXTRA = {"aiosqlite": "sqlite", "asyncpg": "postgres"}
 _YES = "delete without asking (needed when stdin is not a terminal)"
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_LIST_LIMIT = 50
+_SHOW_EVENTS = 10
 
 
 class CLIError(Exception):
@@ -270,17 +272,38 @@ async def _list(args: argparse.Namespace) -> int:
     console = _console()
     from .render import draw_table, when
 
-    async with _open(args) as store:
-        filter = Filter(args.org, user_id=args.user, app_name=args.app, limit=args.limit)
-        found = await Manager(store).list(filter)
-    if not found:
-        print(f"No sessions in organisation {args.org!r} match.")
-        return 0
+    every = args.all or args.limit == 0
+    filter = Filter(args.org, user_id=args.user, app_name=args.app, limit=args.limit)
     columns = ["id", "title", "user", "app", "updated (UTC)", "messages", "tokens"]
-    rows = [[s.id, s.title, s.user_id, s.app_name, when(s.updated_at), *_numbers(s)] for s in found]
-    draw_table(console, columns, rows)
-    if args.limit and len(found) == args.limit:
-        console.print(f"The {args.limit} most recently updated are shown; --limit 0 shows all.")
+    shown = 0
+    async with _open(args) as store:
+        manager = Manager(store)
+        cursor = args.cursor
+        while True:  # one page at a time: --all streams them, never holding more than one
+            page = await manager.list_page(filter, cursor=cursor)
+            rows = [
+                [s.id, s.title, s.user_id, s.app_name, when(s.updated_at), *_numbers(s)]
+                for s in page.sessions
+            ]
+            if rows:
+                draw_table(console, columns, rows, header=not shown)
+                shown += len(rows)
+            cursor = page.next_cursor
+            if cursor is None or not every:
+                break
+    if not shown:
+        print(f"No sessions in organisation {args.org!r} match.")
+    elif cursor is not None:
+        narrowing = [
+            *(["--org", args.org] if args.org != "default" else []),
+            *(["--user", args.user] if args.user is not None else []),
+            *(["--app", args.app] if args.app is not None else []),
+            *(["--limit", str(args.limit)] if args.limit != _LIST_LIMIT else []),
+        ]
+        console.print(
+            f"The next {args.limit}: `{_command(args, 'list', *narrowing, '--cursor', cursor)}`; "
+            "--all (or --limit 0) shows every page."
+        )
     return 0
 
 
@@ -288,9 +311,14 @@ async def _show(args: argparse.Namespace) -> int:
     console = _console()
     from .render import describe_state, draw_table, text, when
 
+    forward = args.after_seq is not None
     async with _open(args) as store:
         s = await store.get(args.org, args.id)
-        found = await store.list_events(args.org, args.id, limit=args.events)
+        # Forward, one more than shown tells whether more follow.
+        wanted = args.events + 1 if forward else args.events
+        found = await store.list_events(args.org, args.id, limit=wanted, after_seq=args.after_seq)
+    more = forward and len(found) > args.events
+    found = found[: args.events]
     console.print("Session", style="bold")
     facts = {
         "id": s.id, "organisation": s.org_id, "user": s.user_id, "app": s.app_name,
@@ -302,7 +330,11 @@ async def _show(args: argparse.Namespace) -> int:
         console.print(f"  {name:<14}{value}")
     console.print("\nState", style="bold")
     draw_table(console, ["scope", "key", "value (JSON)"], describe_state(s.state))
-    console.print(f"\nLast {len(found)} of {s.message_count} events", style="bold")
+    if forward:
+        heading = f"{len(found)} events after #{args.after_seq} (of {s.message_count})"
+    else:
+        heading = f"Last {len(found)} of {s.message_count} events"
+    console.print(f"\n{heading}", style="bold")
     rows = [
         [
             str(e.seq),
@@ -316,6 +348,34 @@ async def _show(args: argparse.Namespace) -> int:
     ]
     if rows:
         draw_table(console, ["#", "time (UTC)", "author", "tokens", "content", "state delta"], rows)
+    if more:
+        org = ["--org", args.org] if args.org != "default" else []
+        events = ["--events", str(args.events)] if args.events != _SHOW_EVENTS else []
+        after = ["--after-seq", str(found[-1].seq)]
+        console.print(
+            f"The next events: `{_command(args, 'show', args.id, *org, *events, *after)}`"
+        )
+    return 0
+
+
+async def _search(args: argparse.Namespace) -> int:
+    console = _console()
+    from .fulltext import snippet
+    from .render import draw_table
+
+    words = " ".join(args.words)
+    async with _open(args) as store:
+        hits = await store.search(
+            args.org, words, user_id=args.user, app_name=args.app, limit=args.limit
+        )
+    if not hits:
+        print(f"No events in organisation {args.org!r} hold every word of {words!r}.")
+        return 0
+    rows = [
+        [hit.session_id, str(hit.event.seq), hit.event.author, snippet(hit.event.content, words)]
+        for hit in hits
+    ]
+    draw_table(console, ["session", "#", "author", "text"], rows)
     return 0
 
 
@@ -486,7 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Try, migrate, inspect, purge, export and import a durable-sessions database.",
+        description=(
+            "Try, migrate, inspect, search, purge, export and import a durable-sessions database."
+        ),
         epilog=f"The database is --url, else ${URL_ENV}, else {DEFAULT_URL}.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -512,13 +574,25 @@ def build_parser() -> argparse.ArgumentParser:
     command("check", _current, "Exit 0 only when the schema is at head.", with_org=False)
     sub = command("downgrade", _migrate, "Downgrade the schema to REV.", with_org=False)
     sub.add_argument("revision", metavar="REV", help="a revision, or base (drops every table)")
-    sub = command("list", _list, "List sessions, most recently updated first.")
+    sub = command("list", _list, "List sessions, most recently updated first, a page at a time.")
     sub.add_argument("--user", help="only this user's sessions")
     sub.add_argument("--app", help="only this application's sessions")
-    sub.add_argument("--limit", type=_count, default=50, help="at most N (0: all; default: 50)")
+    sub.add_argument(
+        "--limit", type=_count, default=_LIST_LIMIT, help="per page (0: all; default: 50)"
+    )
+    sub.add_argument("--cursor", help="the page a previous list named as the next")
+    sub.add_argument("--all", action="store_true", help="every page, printed as it comes")
     sub = command("show", _show, "Show a session's metadata, state by scope and last events.")
     sub.add_argument("id", help="the session id")
-    sub.add_argument("--events", type=_count, default=10, metavar="N", help="default: 10")
+    sub.add_argument("--events", type=_count, default=_SHOW_EVENTS, metavar="N", help="default: 10")
+    sub.add_argument(
+        "--after-seq", type=_count, metavar="SEQ", help="the events after #SEQ (oldest first)"
+    )
+    sub = command("search", _search, "Find events holding every word, best match first.")
+    sub.add_argument("words", nargs="+", metavar="WORD", help="the words to find")
+    sub.add_argument("--user", help="only this user's sessions")
+    sub.add_argument("--app", help="only this application's sessions")
+    sub.add_argument("--limit", type=_count, default=20, help="at most N (default: 20)")
     sub = command("fork", _fork, "Start a new session from a copy of one's private state.")
     sub.add_argument("id", help="the session id")
     sub.add_argument("--with-events", action="store_true", help="copy the transcript too")

@@ -28,9 +28,18 @@ def make_console(stream: IO[str]) -> Console:
     return Console(file=stream, width=width, markup=False, emoji=False, highlight=False)
 
 
-def draw_table(console: Console, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Print a table with a header rule and no borders; number columns align right."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+def draw_table(
+    console: Console,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    header: bool = True,
+) -> None:
+    """Print a table with a header rule and no borders; number columns align right.
+
+    Without ``header``, only the rows (the next part of a table printed as it streams in).
+    """
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, show_header=header)
     for name in columns:
         numeric = name in ("#", "messages", "tokens")
         table.add_column(name, justify="right" if numeric else "left", overflow="fold")

@@ -34,7 +34,7 @@ from durable_sessions import (
     new_id,
 )
 from durable_sessions.sql.transfer import dumps, import_jsonl
-from durable_sessions.state import DEFAULT_MAX_VALUE_BYTES
+from durable_sessions.state import DEFAULT_MAX_VALUE_BYTES, MAX_ID_BYTES, MAX_KEY_BYTES
 from reliability.figures import Figures
 from reliability.helpers import canonical, count_present, observe_org
 from sqlhelpers import snapshot
@@ -750,3 +750,50 @@ async def test_counters_at_64_bits_refuse_to_overflow(
     assert touched.token_total == stored.token_total == MAX_INT64
     assert type(stored.token_total) is int
     await finish(scene, figures, "bad input: counters past 2**63-1 refused", backend)
+
+
+# -- ids and keys past their limits in UTF-8 bytes ----------------------------------------------
+
+
+def wide_text(size: int, char: str) -> str:
+    """``char`` repeated, padded with ASCII to exactly ``size`` bytes of UTF-8."""
+    width = len(char.encode())
+    return char * (size // width) + "p" * (size % width)
+
+
+async def test_ids_and_keys_past_their_byte_limits_are_refused(
+    scene: Scene, backend: str, figures: Figures
+) -> None:
+    """Ids of 513 bytes (under 255 characters) and keys of 1,025 bytes (under 1,024) are
+    refused everywhere, as Postgres could not index them; at 512 and 1,024 they are kept."""
+    store, sid = scene.store, scene.session_id
+    bad_id = wide_text(MAX_ID_BYTES + 1, "😀")
+    attempts: list[Attempt] = [
+        lambda: store.create(scene.new_session({}, id=bad_id)),
+        lambda: store.create(scene.new_session({}, user_id=bad_id)),
+        lambda: store.create(scene.new_session({}, app_name=bad_id)),
+        lambda: store.create(scene.new_session({}, org_id=bad_id)),
+        lambda: store.append_event(ORG, sid, Event(bad_id)),
+        lambda: store.append_event(ORG, sid, Event("u", id=bad_id)),
+        lambda: store.fork(ORG, sid, new_session_id=bad_id),
+        lambda: store.list(Filter(ORG, user_id=bad_id)),
+        lambda: store.delete_user(ORG, bad_id),
+    ]
+    for attempt in attempts:
+        await scene.refuse(InvalidArgumentError, attempt)
+    for prefix in ("", "user:", "app:", "temp:"):
+        key = prefix + wide_text(MAX_KEY_BYTES + 1 - len(prefix), "語")
+        for attempt in scene.value_attempts(key, 1):
+            await scene.refuse(InvalidStateError, attempt)
+    # At the limits: stored in every scope and read back.
+    copy = await scene.copy()
+    keys = [prefix + wide_text(MAX_KEY_BYTES - len(prefix), "語") for prefix in SCOPED_KEYS]
+    for key in keys:
+        copy.set(key, 1)
+    await store.update(copy)
+    stored = (await scene.copy()).state
+    assert all(stored[key] == 1 for key in keys)
+    widest = wide_text(MAX_ID_BYTES, "😀")
+    await store.create(scene.new_session({}, id=widest, user_id=widest, app_name=widest))
+    assert [s.id for s in await store.list(Filter(ORG, user_id=widest))] == [widest]
+    await finish(scene, figures, "bad input: ids/keys past their UTF-8 byte limits", backend)

@@ -199,6 +199,31 @@ def _converter(annotation: Any) -> Convert:
     return _unsupported
 
 
+_ANY = frozenset({object})  # a field of type Any: every value is its own validation
+
+
+def _plain_types(annotation: Any) -> frozenset[type] | None:
+    """The exact types whose values validation keeps as they are for ``annotation``, or
+    None when values need a converter (models, enums, floats, containers of those...)."""
+    if annotation is Any:
+        return _ANY
+    if annotation in (str, int, bool):
+        return frozenset({annotation})
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is dict and args == (str, Any):
+        return frozenset({dict})
+    if origin is typing.Union or origin is types.UnionType:
+        found: set[type] = set()
+        for arg in args:
+            kinds = frozenset({type(None)}) if arg is type(None) else _plain_types(arg)
+            if kinds is None or kinds is _ANY:
+                return None
+            found |= kinds
+        return frozenset(found)
+    return None
+
+
 class _Plan:
     """How to rebuild one model class: a converter per field and its defaults."""
 
@@ -207,6 +232,7 @@ class _Plan:
     def __init__(self, cls: type[pydantic.BaseModel]) -> None:
         self.cls = cls
         self.fields: dict[str, Convert] = {}
+        self.plain: dict[str, frozenset[type]] = {}
         self.defaults: dict[str, Any] = {}
         self.factories: dict[str, Callable[[], Any]] = {}
         self.copied: dict[str, Any] = {}
@@ -244,6 +270,9 @@ class _Plan:
             if convert is not None and name in self.empty_only:
                 convert = _empty_only(convert)
             self.fields[name] = convert or _unsupported
+            kinds = _plain_types(info.annotation) if convert is not None else None
+            if kinds is not None and name not in self.empty_only:
+                self.plain[name] = kinds  # checked inline, without a converter call
             if info.default_factory is not None:
                 if getattr(info, "default_factory_takes_data", False):
                     self.fast = False  # no data to give it: neither path builds it
@@ -262,8 +291,22 @@ class _Plan:
             raise _Fallback
         if not self.fast or (self.is_event and not _CONVENIENCE_KEYS.isdisjoint(data)):
             return self.cls.model_validate(data)
+        plain, fields = self.plain, self.fields
+        values = self.template.copy()  # every field in declaration order, as validation has
         try:
-            values = self._values(data)
+            for key, value in data.items():
+                kinds = plain.get(key)
+                if kinds is not None:
+                    if kinds is not _ANY and type(value) not in kinds:
+                        raise _Fallback
+                    values[key] = value
+                    continue
+                convert = fields.get(key)
+                if convert is None:
+                    raise _Fallback  # an unknown key (or an alias): pydantic decides
+                values[key] = convert(value)
+            if self.later:
+                self.fill(values)
         except _Fallback:
             return self.cls.model_validate(data)
         model = self.cls.__new__(self.cls)
@@ -274,17 +317,6 @@ class _Plan:
         if self.post_init:
             model.model_post_init(None)
         return model
-
-    def _values(self, data: dict[str, Any]) -> dict[str, Any]:
-        fields = self.fields
-        values = self.template.copy()  # every field in declaration order, as validation has
-        for key, value in data.items():
-            convert = fields.get(key)
-            if convert is None:
-                raise _Fallback  # an unknown key (or an alias): pydantic ignores, maps or refuses
-            values[key] = convert(value)
-        self.fill(values)
-        return values
 
     def fill(self, values: dict[str, Any]) -> None:
         """Put the defaults of the fields ``values`` lacks (factories called, copies made)."""

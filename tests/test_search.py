@@ -191,6 +191,22 @@ async def test_only_the_first_200000_characters_are_searched(store: Store) -> No
     assert await store.search("org", "late") == []
 
 
+@pytest.mark.parametrize("backend", ["memory", *SQL_BACKENDS])
+async def test_occurrences_are_counted_past_what_positions_hold(store: Store) -> None:
+    """Postgres keeps at most 256 positions of a word and none past the 16,383rd word;
+    such events are counted from their content, so they rank as everywhere else."""
+    session = await Manager(store).create("org", "alice", id="s")
+    contents = [
+        "x " * 300,  # 300 occurrences (more than 256 positions)
+        "x " * 299,
+        "y " * 20_000 + "x x x x",  # 4, past word 16,383
+        "x x x x x",  # 5
+    ]
+    for content in contents:
+        await store.append_event("org", session.id, Event("user", content=content))
+    assert [h.event.seq for h in await store.search("org", "x")] == [1, 2, 4, 3]
+
+
 @pytest.mark.parametrize("backend", SQL_BACKENDS)
 async def test_huge_and_odd_contents_are_stored_and_searched(engine: AsyncEngine) -> None:
     """Contents past what one tsvector holds, words longer than any index entry, quotes

@@ -10,8 +10,8 @@ digits and marks (L*, N*, M*, Co as of Unicode 14), matched whole and without ca
 tables below are frozen copies of ``durable_sessions.fulltext`` (a test checks that they
 agree).
 
-Postgres: IMMUTABLE SQL functions (inlined by the planner) turn a content into its words
-and a tsvector of them, and a search text into a tsquery of its words; the generated
+Postgres: IMMUTABLE functions turn a content into its words and a tsvector of them (at
+their positions, to count occurrences), and a search text into a tsquery; the generated
 column ``ds_events.search_vector`` holds each event's, under the GIN index
 ``ix_ds_events_search`` (both filled here for the events already stored). Neither the
 column nor the functions are in the SQLAlchemy metadata: the library's statements name
@@ -230,10 +230,28 @@ def _upgrade_postgres() -> None:
             {_e(f"[^{word}]+")}), '')
         $$"""
     )
+    # The tsvector of a content's words, at their positions, so that a search counts each
+    # word's occurrences from it. Positions stop at 16,383 and 256 per word: past either,
+    # the vector has no positions, and a search counts from the content instead.
     op.execute(
         f"""CREATE FUNCTION {s}ds_search_vector(content jsonb) RETURNS tsvector
-        LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-        SELECT array_to_tsvector({s}ds_search_words({s}ds_search_text(content)))
+        LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+        DECLARE
+            words text[] := {s}ds_search_words({s}ds_search_text(content));
+            found tsvector;
+        BEGIN
+            IF cardinality(words) BETWEEN 1 AND 16382 THEN
+                found := CAST(array_to_string(ARRAY(
+                    SELECT {Q * 4} || w || {Q * 3}:{Q} || n
+                    FROM unnest(words) WITH ORDINALITY AS u(w, n)), ' ') AS tsvector);
+                IF NOT EXISTS (
+                    SELECT FROM unnest(found) AS u WHERE cardinality(u.positions) >= 256
+                ) THEN
+                    RETURN found;
+                END IF;
+            END IF;
+            RETURN array_to_tsvector(words);
+        END
         $$"""
     )
     # A search text as a tsquery of all its words, each quoted (a word holds only word

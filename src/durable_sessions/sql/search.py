@@ -16,6 +16,8 @@ from sqlalchemy import (
     Text,
     any_,
     bindparam,
+    case,
+    cast,
     column,
     func,
     literal_column,
@@ -60,9 +62,32 @@ def search_query(postgres: bool, user: bool, app: bool, session: bool) -> Any:
     session_order: Any
     if postgres:
         vector = literal_column("ds_events.search_vector", type_=TSVECTOR)
-        wanted = select(
-            func.ds_search_words(bindparam("k_text", type_=Text), type_=ARRAY(Text)).label("w")
-        ).cte("wanted")
+        text = bindparam("k_text", type_=Text)
+
+        def wanted() -> Any:  # an InitPlan: computed once per search, not once per row
+            words = select(func.ds_search_words(text, type_=ARRAY(Text))).scalar_subquery()
+            return any_(cast(words, ARRAY(Text)))  # the cast: ANY(array), not ANY(subquery)
+
+        # Each hit's occurrences of the words: from the positions in its vector, or (a vector
+        # without them: past 16,382 words, or 255 of one) from its content's words.
+        lexemes = (
+            func.unnest(vector)
+            .table_valued(column("lexeme", Text), column("positions", ARRAY(Integer)))
+            .render_derived("lexemes")
+        )
+        positioned = (
+            select(
+                case(
+                    (
+                        func.bool_and(lexemes.c.positions.is_not(None)),
+                        func.sum(func.cardinality(lexemes.c.positions)),
+                    )
+                )
+            )
+            .select_from(lexemes)
+            .where(lexemes.c.lexeme == wanted())
+            .scalar_subquery()
+        )
         found = (
             func.unnest(
                 func.ds_search_words(
@@ -72,20 +97,20 @@ def search_query(postgres: bool, user: bool, app: bool, session: bool) -> Any:
             .table_valued(column("word", Text))
             .render_derived("found")
         )
-        rank = (
+        counted = (
             select(func.count())
             .select_from(found)
-            .where(found.c.word == any_(wanted.c.w))
+            .where(found.c.word == wanted())
             .scalar_subquery()
         )
+        rank = func.coalesce(positioned, counted)
         query = (
             select(E.c.session_id, *EVENT_COLUMNS, rank.label("rank"))
             .select_from(E)
-            .join(wanted, literal_column("true"))
             .where(
                 E.c.org_id == org,
                 vector.op("@@", return_type=Boolean)(
-                    func.ds_search_query(bindparam("k_text", type_=Text), type_=TSQUERY)
+                    select(func.ds_search_query(text, type_=TSQUERY)).scalar_subquery()
                 ),
             )
         )

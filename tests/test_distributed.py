@@ -120,7 +120,7 @@ def test_the_rules_refuse_what_citus_cannot_route() -> None:
 
 
 @pytest.mark.parametrize("backend", [PG_DISTRIBUTED])
-async def test_distributed_mode_runs_only_checked_statements_each_write_one_transaction(
+async def test_distributed_mode_runs_only_the_statements_it_checked(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What runs is what was checked: every statement of a workload touching every

@@ -36,6 +36,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from durable_sessions.migrate import current, head, is_current, script_location, upgrade
 
 TABLES = {"ds_sessions", "ds_user_state", "ds_app_state", "ds_events"}
+# SQLite's full-text index of events (revision 0003): an FTS5 table and its shadow tables.
+FTS = "ds_events_fts"
 VERSION_TABLE = "durable_sessions_alembic_version"
 
 package = Path(durable_sessions.__file__).resolve().parent
@@ -54,7 +56,10 @@ async def main(db: str) -> None:
         assert await current(engine) == head()
         async with engine.connect() as conn:
             names = set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
-        assert names == TABLES | {VERSION_TABLE}, f"unexpected tables: {sorted(names)}"
+        extra = names - TABLES - {VERSION_TABLE}
+        assert TABLES | {VERSION_TABLE} <= names, f"missing tables: {sorted(names)}"
+        assert FTS in extra, f"no full-text table: {sorted(names)}"
+        assert all(n.startswith(FTS) for n in extra), f"unexpected tables: {sorted(names)}"
     finally:
         await engine.dispose()
 

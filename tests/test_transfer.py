@@ -8,6 +8,7 @@ import json
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import Event, Filter, Manager, Session, SQLStore
 from durable_sessions.cli import main
+from durable_sessions.migrate import downgrade, upgrade
 from durable_sessions.sql import transfer
+from durable_sessions.sql.schema import app_state, sessions, user_state
 from durable_sessions.sql.transfer import (
     ImportLineError,
     count_sessions,
     dumps,
     export_jsonl,
     import_jsonl,
+    page_queries,
 )
 from durable_sessions.state import MAX_ID_BYTES, MAX_KEY_BYTES
 from sqlhelpers import SQL_BACKENDS, snapshot, statements
@@ -160,6 +164,54 @@ async def test_the_command_says_deeply_nested_json_in_one_line(
     assert err.startswith(f"durable-sessions: error: line {line}: ")
     assert err.count("\n") == 1, err
     assert await tables_empty(engine)
+
+
+# -- the keyset walk reads each page from the primary key ----------------------------------
+
+
+def bulk_export(sessions: int, shared: int) -> bytes:
+    """An export of ``sessions`` sessions in two organisations and ``shared`` rows of each
+    shared kind, built as text (quicker than the API for thousands of rows)."""
+    stamp = "2025-01-02T03:04:05.000006Z"
+    lines = [dumps({"format": "durable-sessions", "type": "header", "version": 1})]
+    for n in range(sessions):
+        lines.append(dumps({**SESSION, "org_id": f"o{n % 2}", "id": f"s{n:06d}",
+                            "created_at": stamp, "updated_at": stamp}))  # fmt: skip
+    for n in range(shared):
+        value = {"org_id": f"o{n % 2}", "app_name": "a", "value": n, "updated_at": stamp}
+        lines.append(dumps({**value, "type": "user_state", "user_id": f"u{n}", "key": "k"}))
+        lines.append(dumps({**value, "type": "app_state", "key": f"k{n}"}))
+    return "\n".join([*lines, ""]).encode()
+
+
+async def test_export_pages_read_the_primary_key_in_order(engine: AsyncEngine) -> None:
+    """Each page query (the first, and the one after a key) of sessions, user: and app:
+    state is a range read of the primary key, in its order: no sort of the table (which
+    made a Postgres export superlinear), on Postgres as on SQLite."""
+    store = SQLStore(engine)
+    await import_jsonl(store, io.BytesIO(bulk_export(5000, 5000)))
+    pg = engine.dialect.name == "postgresql"
+    async with engine.connect() as conn:
+        await conn.exec_driver_sql("ANALYZE")
+        for table, after in (
+            (sessions, ("o0", "s002500")),
+            (user_state, ("o0", "a", "u2500", "k")),
+            (app_state, ("o0", "a", "k2500")),
+        ):
+            first, following = page_queries(table, engine.dialect.name)
+            names = [f"after_{col.name}" for col in table.primary_key.columns]
+            for query in (first, following.params(dict(zip(names, after, strict=True)))):
+                sql = query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+                explain = "EXPLAIN " if pg else "EXPLAIN QUERY PLAN "
+                plan = "\n".join(
+                    str(row[-1]) for row in await conn.exec_driver_sql(explain + str(sql))
+                )
+                if pg:
+                    assert f"Index Scan using pk_{table.name} on {table.name}" in plan, plan
+                    assert "Sort" not in plan, plan
+                else:
+                    assert f"USING INDEX sqlite_autoindex_{table.name}_1" in plan, plan
+                    assert "TEMP B-TREE" not in plan, plan
 
 
 # -- large values: read apart, in bounded batches; memory flat whatever their size --------
@@ -338,3 +390,51 @@ async def test_import_refuses_an_id_or_key_one_byte_over_naming_the_line(
     assert f"line 3: {kind} field {field!r}: " in str(caught.value)
     assert reason in str(caught.value)
     assert await tables_empty(engine)
+
+
+async def test_the_collation_revision_leaves_a_citus_distribution_column_alone(
+    backend: str, fresh_pg_url: Callable[[], str]
+) -> None:
+    """Revision 0004 gives every id and key column the C collation on Postgres, except a
+    column Citus already distributes a table by (which no ALTER TABLE may change): here
+    Citus's catalog is imitated, with ds_sessions and ds_events distributed by org_id."""
+    if backend != "postgres":
+        pytest.skip("a Postgres revision: nothing changes on SQLite")
+    engine = create_async_engine(fresh_pg_url())
+    query = (
+        "SELECT table_name, column_name, collation_name FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND table_name LIKE 'ds\\_%' "
+        "AND data_type IN ('character varying', 'text') "
+        "AND column_name NOT IN ('incarnation', 'title')"
+    )
+
+    async def collations() -> dict[tuple[str, str], str | None]:
+        async with engine.connect() as conn:
+            return {(t, c): coll for t, c, coll in await conn.exec_driver_sql(query)}
+
+    try:
+        await upgrade(engine, "0003")
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql(
+                "CREATE TABLE pg_dist_partition (logicalrelid regclass, partkey text)"
+            )
+            await conn.exec_driver_sql(
+                "CREATE FUNCTION column_to_column_name(regclass, text) RETURNS text "
+                "LANGUAGE sql AS 'SELECT $2'"
+            )
+            await conn.exec_driver_sql(
+                "INSERT INTO pg_dist_partition VALUES ('ds_sessions', 'org_id'), "
+                "('ds_events', 'org_id'), ('ds_app_state', NULL)"
+            )
+        before = await collations()
+        assert set(before.values()) == {None}
+        await upgrade(engine)
+        fixed = {("ds_sessions", "org_id"), ("ds_events", "org_id")}
+        after = await collations()
+        assert after.keys() == before.keys()
+        assert {k for k, v in after.items() if v is None} == fixed
+        assert {v for k, v in after.items() if k not in fixed} == {"C"}
+        await downgrade(engine, "0003")
+        assert await collations() == before
+    finally:
+        await engine.dispose()

@@ -311,7 +311,8 @@ def page_queries(table: Table, dialect: str) -> tuple[Select[Any], Select[Any]]:
     """The keyset page queries of a table: the first page, and the page after a key.
 
     Rows come in primary-key order by code point: on Postgres, comparisons and the order
-    are in the C collation.
+    are in the C collation, which the id and key columns have since revision 0004, so both
+    queries read each page straight from the primary key (see tests/test_transfer.py).
     """
     kind = next(kind for kind, (of, _) in RECORDS.items() if of is table)
     pk = list(table.primary_key.columns)

@@ -26,6 +26,7 @@ __all__ = [
     "WORD_RANGES",
     "event_text",
     "fold",
+    "parse_ranges",
     "query_words",
     "snippet",
     "term_count",

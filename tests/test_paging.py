@@ -13,7 +13,16 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from durable_sessions import Filter, InMemoryStore, InvalidArgumentError, Page, SQLStore, Store
+from durable_sessions import (
+    Filter,
+    InMemoryStore,
+    InvalidArgumentError,
+    Page,
+    Session,
+    SQLStore,
+    Store,
+    new_id,
+)
 from durable_sessions.model import utcnow
 from durable_sessions.sql.schema import sessions
 from sqlhelpers import SQL_BACKENDS, data_statements, statements
@@ -117,7 +126,7 @@ def _forged(payload: Any) -> str:
     """A cursor with a valid checksum around any payload: checked field by field still."""
     raw = json.dumps(payload).encode()
     check = hashlib.sha256(b"durable-sessions page cursor\0" + raw).digest()[:8]
-    return base64.urlsafe_b64encode(check + raw).decode().rstrip("=")
+    return "P" + base64.urlsafe_b64encode(check + raw).decode().rstrip("=")
 
 
 async def test_a_well_formed_cursor_with_wrong_fields_is_refused() -> None:
@@ -137,3 +146,14 @@ async def test_a_well_formed_cursor_with_wrong_fields_is_refused() -> None:
         await store.list_page(filter, cursor=_forged(["p1", 0, "x", "0" * 16]))
     with pytest.raises(InvalidArgumentError, match="must be a Filter"):
         await store.list_page("org")  # type: ignore[arg-type]
+
+
+async def test_a_cursor_never_starts_with_a_dash() -> None:
+    """A cursor goes on command lines (`list --cursor C`): it starts with a letter, where
+    base64url alone would start with "-" once in 64 cursors and read as an option."""
+    store = InMemoryStore()
+    for _ in range(300):
+        await store.create(Session(id=new_id(), org_id="org", user_id="u"))
+    cursors = [page.next_cursor for page in await _walk(store, Filter("org", limit=1))][:-1]
+    assert len(cursors) == 299
+    assert all(c is not None and c[0] == "P" for c in cursors)

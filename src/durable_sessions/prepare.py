@@ -369,7 +369,8 @@ PAGE_SIZE = 100
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _CURSOR_TAG = "p1"  # the cursor format's version
 _CURSOR_CHECK = b"durable-sessions page cursor\0"
-_CURSOR_TEXT = re.compile(r"[A-Za-z0-9_-]{1,4096}")
+# "P" first: base64url may start with "-", which a command line would take for an option.
+_CURSOR_TEXT = re.compile(r"P([A-Za-z0-9_-]{1,4096})")
 _MALFORMED = (
     "cursor is not one this store made (malformed or altered): pass a Page.next_cursor "
     "as it was returned, or None for the first page"
@@ -393,7 +394,7 @@ def _encode_cursor(filter: Filter, last: Session) -> str:
         [_CURSOR_TAG, micros, last.id, _listing(filter)], separators=(",", ":")
     ).encode("utf-8")
     check = hashlib.sha256(_CURSOR_CHECK + payload).digest()[:8]
-    return base64.urlsafe_b64encode(check + payload).decode("ascii").rstrip("=")
+    return "P" + base64.urlsafe_b64encode(check + payload).decode("ascii").rstrip("=")
 
 
 def _decode_cursor(filter: Filter, cursor: object) -> tuple[datetime, str]:
@@ -402,10 +403,12 @@ def _decode_cursor(filter: Filter, cursor: object) -> tuple[datetime, str]:
         raise InvalidArgumentError(
             f"cursor must be a string (a Page.next_cursor) or None, not {type(cursor).__name__}"
         )
-    if not _CURSOR_TEXT.fullmatch(cursor):
+    found = _CURSOR_TEXT.fullmatch(cursor)
+    if found is None:
         raise InvalidArgumentError(_MALFORMED)
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        text = found.group(1)
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
         check, payload = raw[:8], raw[8:]
         if hashlib.sha256(_CURSOR_CHECK + payload).digest()[:8] != check:
             raise ValueError("checksum")

@@ -87,7 +87,7 @@ def lowest(session: nox.Session) -> None:
     tools = [r for r in nox.project.dependency_groups(PYPROJECT, "test") if "google-adk" not in r]
     session.install("-c", str(constraints), "-e", f".[{','.join(RANGE_EXTRAS)}]", *tools)
     show_versions(session)
-    session.run("pytest", "--ignore=tests/test_adk.py", *session.posargs)
+    session.run("pytest", "--ignore=tests/adapters/test_adk.py", *session.posargs)
 
 
 @nox.session
@@ -110,7 +110,7 @@ def migrations(session: nox.Session) -> None:
     """Run the migration tests alone (upgrade/downgrade, drift, concurrent migrate)."""
     session.install("-e", ".[sqlite,postgres]")
     install_group(session, "test")
-    session.run("pytest", "tests/test_migrations.py", *session.posargs)
+    session.run("pytest", "tests/sql/test_migrations.py", *session.posargs)
 
 
 @nox.session
@@ -144,4 +144,4 @@ def wheel(session: nox.Session) -> None:
     wheels = sorted(dist.glob("durable_sessions-*.whl"))
     if len(wheels) != 1:
         session.error(f"expected one wheel in {dist}, found {[w.name for w in wheels]}")
-    session.run("python", "tests/wheel_check.py", str(wheels[0]))
+    session.run("python", "tests/support/wheel_check.py", str(wheels[0]))

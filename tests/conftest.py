@@ -1,4 +1,19 @@
-"""Fixtures shared by every test: the stores under test and fresh databases."""
+"""Fixtures shared by every test: the stores under test and fresh databases.
+
+The tree is grouped by what a test needs to run:
+
+- ``unit/``: the package alone, no database (ids, titles, the public and private API).
+- ``stores/``: every store, memory, a SQLite file and Postgres, through the ``store`` fixture
+  (the shipped contract suite, state, limits, paging, search, the same errors everywhere).
+- ``sql/``: a SQL database, SQLite and Postgres (statements and plans, migrations, export and
+  import, tracing, the distributed mode, URLs, driver errors).
+- ``command/``: the ``durable-sessions`` command and the README, run as a user runs them.
+- ``adapters/``: an optional SDK installed (google-adk, openai-agents).
+- ``reliability/``: processes, injected faults, cancellation and private Postgres clusters
+  (``nox -s reliability``).
+- ``support/``: the one copy of each helper (statements seen and their plans, snapshots,
+  spawned workers, Citus's rules); not tests.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +28,10 @@ import pytest
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from citus_rules import recording
 from durable_sessions import InMemoryStore, SQLStore, Store
 from durable_sessions.sql.citus import SETTING
-from sqlhelpers import PG_DISTRIBUTED, SQL_BACKENDS, raw_pg
+from support.citus_rules import recording
+from support.sql import PG_DISTRIBUTED, SQL_BACKENDS, raw_pg
 
 POSTGRES_ENV = "DURABLE_SESSIONS_TEST_POSTGRES_URL"
 
@@ -175,3 +190,12 @@ def _router_rules(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
     """Check every statement a distributed store compiles in the test (``citus_rules``)."""
     with recording(monkeypatch) as seen:
         yield seen
+
+
+@pytest.fixture
+def engine_or_none(request: pytest.FixtureRequest, backend: str) -> AsyncEngine | None:
+    """The test's engine on SQL backends, None for memory."""
+    if backend == "memory":
+        return None
+    engine: AsyncEngine = request.getfixturevalue("engine")
+    return engine

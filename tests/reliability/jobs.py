@@ -1,7 +1,7 @@
 """Work run in spawned OS processes by the reliability scenarios.
 
 ``run_at_barrier`` waits until every process of a scenario has started, then runs one job:
-the jobs of ``tests/workers.py`` (``touch``, ``append``, ``migrate``) or the ones below,
+the jobs of ``tests/support/workers.py`` (``touch``, ``append``, ``migrate``) or the ones below,
 which write every scope and report what they did.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import create_async_engine
 
-import workers
 from durable_sessions import Event, Manager, SQLStore, StaleSessionError
 from reliability.helpers import wait_at_barrier
+from support import workers
 
 __all__ = ["OWN_JOBS", "PROCESSES", "in_processes", "run_at_barrier", "scoped_keys"]
 

@@ -37,7 +37,7 @@ from durable_sessions.sql.transfer import dumps, import_jsonl
 from durable_sessions.state import DEFAULT_MAX_VALUE_BYTES, MAX_ID_BYTES, MAX_KEY_BYTES
 from reliability.figures import Figures
 from reliability.helpers import canonical, count_present, observe_org
-from sqlhelpers import snapshot
+from support.sql import snapshot
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -118,15 +118,6 @@ async def make_scene(store: Store, engine: AsyncEngine | None) -> Scene:
     await store.append_event(ORG, session.id, Event("user", content="hello"))
     await Manager(store, app_name="app").create(OTHER_ORG, "bob", state={"user:b": 1})
     return Scene(store, engine, session.id)
-
-
-@pytest.fixture
-def engine_or_none(request: pytest.FixtureRequest, backend: str) -> AsyncEngine | None:
-    """The test's engine on SQL backends, None for memory."""
-    if backend == "memory":
-        return None
-    engine: AsyncEngine = request.getfixturevalue("engine")
-    return engine
 
 
 @pytest.fixture

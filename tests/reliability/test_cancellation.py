@@ -45,7 +45,7 @@ from durable_sessions import (
 from durable_sessions.sql.schema import metadata, sessions
 from reliability.figures import Figures
 from reliability.helpers import reset_tables
-from sqlhelpers import SQL_BACKENDS, raw_pg
+from support.sql import SQL_BACKENDS, raw_pg
 
 pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
 

@@ -21,7 +21,7 @@ from durable_sessions.migrate import current, head
 from reliability.figures import Figures
 from reliability.helpers import count_present
 from reliability.jobs import PROCESSES, in_processes, scoped_keys
-from sqlhelpers import PG_DISTRIBUTED, SQL_BACKENDS
+from support.sql import PG_DISTRIBUTED, SQL_BACKENDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED])]
 

@@ -22,7 +22,7 @@ from durable_sessions import (
 from reliability.figures import Figures
 from reliability.helpers import count_present
 from reliability.jobs import scoped_keys
-from sqlhelpers import PG_DISTRIBUTED, SQL_BACKENDS
+from support.sql import PG_DISTRIBUTED, SQL_BACKENDS
 
 pytestmark = pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED])
 

@@ -31,7 +31,7 @@ from reliability import sqlite_appender
 from reliability.figures import Figures
 from reliability.helpers import count_present
 from reliability.pgcluster import PrivateCluster, find_pg_bindir
-from sqlhelpers import raw_pg, snapshot
+from support.sql import raw_pg, snapshot
 
 POSTGRES = [pytest.param("postgres", marks=pytest.mark.postgres)]
 SQLITE = [pytest.param("sqlite", marks=pytest.mark.sqlite)]

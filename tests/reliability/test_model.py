@@ -36,7 +36,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from durable_sessions import Event, Filter, InMemoryStore, Session, SessionError, SQLStore, Store
 from reliability.figures import Figures
 from reliability.helpers import OwnedLoop, event_view, observe_org, reset_tables, session_view
-from sqlhelpers import PG_DISTRIBUTED, SQL_BACKENDS
+from support.sql import PG_DISTRIBUTED, SQL_BACKENDS
 
 _T = TypeVar("_T")
 

@@ -37,7 +37,7 @@ from durable_sessions import (
 from durable_sessions.model import utcnow
 from durable_sessions.sql import statements as sql_statements
 from reliability.figures import Figures
-from sqlhelpers import PG_DISTRIBUTED, SQL_BACKENDS, raw_pg
+from support.sql import PG_DISTRIBUTED, SQL_BACKENDS, raw_pg
 
 pytestmark = pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED])
 

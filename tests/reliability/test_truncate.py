@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import Event, Manager, SQLStore
 from reliability.figures import Figures
-from sqlhelpers import PG_DISTRIBUTED, SQL_BACKENDS
+from support.sql import PG_DISTRIBUTED, SQL_BACKENDS
 
 pytestmark = pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED])
 

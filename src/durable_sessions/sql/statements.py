@@ -187,7 +187,7 @@ class Statements:
         from the session row: every table of the statement is then filtered on the same
         bound value, which is what lets Citus route it to the one shard holding that
         organisation (a correlation on ``ds_sessions.org_id`` sends it to every shard). On
-        one Postgres the plans are the same (``tests/test_distributed.py`` compares them).
+        one Postgres the plans are the same (``tests/sql/test_distributed.py`` compares them).
         """
         org: Any = bindparam("k_org")
         return [

@@ -82,7 +82,7 @@ BATCH_BYTES = 8 << 20
 
 So an export holds at most a page of sessions, a chunk of events (each value of either at
 most INLINE_BYTES) and BATCH_BYTES of larger values or one larger value, whatever the data:
-its memory does not grow with the number or the size of events (tests/test_transfer.py).
+its memory does not grow with the number or the size of events (tests/sql/test_transfer.py).
 """
 BATCH_SIZE = 1000
 """Rows inserted per statement on import."""
@@ -312,7 +312,7 @@ def page_queries(table: Table, dialect: str) -> tuple[Select[Any], Select[Any]]:
 
     Rows come in primary-key order by code point: on Postgres, comparisons and the order
     are in the C collation, which the id and key columns have since revision 0004, so both
-    queries read each page straight from the primary key (see tests/test_transfer.py).
+    queries read each page straight from the primary key (see tests/sql/test_transfer.py).
     """
     kind = next(kind for kind, (of, _) in RECORDS.items() if of is table)
     pk = list(table.primary_key.columns)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from sqlalchemy import update
@@ -13,7 +11,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from durable_sessions import Event, Manager, SessionService, SQLStore
 from durable_sessions.model import utcnow
 from durable_sessions.sql.schema import events, sessions
-from sqlhelpers import SQL_BACKENDS, data_statements, statements
+from support.sql import (
+    SQL_BACKENDS,
+    index_scans,
+    pg_plan,
+    sqlite_plan,
+    statements,
+    the_data_statement,
+)
 
 pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
 
@@ -45,13 +50,6 @@ async def _long_transcript(engine: AsyncEngine) -> str:
     return session.id
 
 
-def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    nodes = [plan]
-    for child in plan.get("Plans", []):
-        nodes.extend(_plan_nodes(child))
-    return nodes
-
-
 async def test_recent_events_use_the_index_and_read_only_what_they_return(
     backend: str, engine: AsyncEngine
 ) -> None:
@@ -63,27 +61,19 @@ async def test_recent_events_use_the_index_and_read_only_what_they_return(
         recent = await store.list_events("org", session_id, limit=20)
     assert [e.seq for e in recent] == list(range(N - 19, N + 1))
     assert [e.content for e in recent] == [{"n": i} for i in range(N - 19, N + 1)]
-    (sql,) = data_statements(seen)
-    params = next(p for s, p in seen if s == sql)
-
-    async with engine.connect() as conn:
-        if backend == "postgres":
-            raw = (
-                await conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
-            ).scalar()
-            plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
-            nodes = _plan_nodes(plan)
-            scans = [n for n in nodes if n["Node Type"] in ("Index Scan", "Index Only Scan")]
-            assert scans, nodes
-            assert scans[0]["Index Name"] == "pk_ds_events"
-            assert scans[0]["Scan Direction"] == "Backward"
-            assert scans[0]["Actual Rows"] <= 20
-            assert not [n for n in nodes if n["Node Type"] in ("Sort", "Seq Scan")]
-        else:
-            rows = (await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params)).all()
-            details = " | ".join(str(r[-1]) for r in rows)
-            assert "USING PRIMARY KEY" in details or "USING INDEX" in details, details
-            assert "TEMP B-TREE" not in details, details
+    sql, params = the_data_statement(seen)
+    if backend == "postgres":
+        nodes = await pg_plan(engine, sql, params, analyze=True)
+        scans = index_scans(nodes)
+        assert scans, nodes
+        assert scans[0]["Index Name"] == "pk_ds_events"
+        assert scans[0]["Scan Direction"] == "Backward"
+        assert scans[0]["Actual Rows"] <= 20
+        assert not [n for n in nodes if n["Node Type"] in ("Sort", "Seq Scan")]
+    else:
+        details = await sqlite_plan(engine, sql, params)
+        assert "USING PRIMARY KEY" in details or "USING INDEX" in details, details
+        assert "TEMP B-TREE" not in details, details
 
 
 async def test_after_filter_on_a_long_transcript(engine: AsyncEngine) -> None:
@@ -111,28 +101,20 @@ async def test_a_forward_page_is_one_index_range_that_reads_only_its_rows(
         page = await store.list_events("org", session_id, after_seq=5_000, limit=20)
     assert [e.seq for e in page] == list(range(5_001, 5_021))
     assert [e.content for e in page] == [{"n": i} for i in range(5_001, 5_021)]
-    (sql,) = data_statements(seen)
-    params = next(p for s, p in seen if s == sql)
-
-    async with engine.connect() as conn:
-        if backend == "postgres":
-            raw = (
-                await conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
-            ).scalar()
-            plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
-            nodes = _plan_nodes(plan)
-            scans = [n for n in nodes if n["Node Type"] in ("Index Scan", "Index Only Scan")]
-            assert scans, nodes
-            assert scans[0]["Index Name"] == "pk_ds_events"
-            assert scans[0]["Scan Direction"] == "Forward"
-            assert "seq >" in scans[0]["Index Cond"], scans[0]
-            assert scans[0]["Actual Rows"] <= 20
-            assert not [n for n in nodes if n["Node Type"] in ("Sort", "Seq Scan")]
-        else:
-            rows = (await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params)).all()
-            details = " | ".join(str(r[-1]) for r in rows)
-            assert "seq>?" in details.replace(" ", ""), details
-            assert "TEMP B-TREE" not in details, details
+    sql, params = the_data_statement(seen)
+    if backend == "postgres":
+        nodes = await pg_plan(engine, sql, params, analyze=True)
+        scans = index_scans(nodes)
+        assert scans, nodes
+        assert scans[0]["Index Name"] == "pk_ds_events"
+        assert scans[0]["Scan Direction"] == "Forward"
+        assert "seq >" in scans[0]["Index Cond"], scans[0]
+        assert scans[0]["Actual Rows"] <= 20
+        assert not [n for n in nodes if n["Node Type"] in ("Sort", "Seq Scan")]
+    else:
+        details = await sqlite_plan(engine, sql, params)
+        assert "seq>?" in details.replace(" ", ""), details
+        assert "TEMP B-TREE" not in details, details
 
 
 @pytest.mark.slow

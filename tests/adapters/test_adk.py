@@ -59,7 +59,7 @@ from durable_sessions import (
 )
 from durable_sessions._adk_models import construct, rebuild
 from durable_sessions.adk import DurableSessionService, durable_session_id
-from sqlhelpers import SQL_BACKENDS, data_statements, statements
+from support.sql import SQL_BACKENDS, data_statements, statements
 
 # ADK's StaleSessionError (a ValueError); older google-adk raised a plain ValueError.
 StaleSessionError: type[ValueError] = getattr(adk_errors, "StaleSessionError", ValueError)

@@ -22,7 +22,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from durable_sessions import Event, Filter, Manager, SessionService, SQLStore, StoreError
-from sqlhelpers import SQL_BACKENDS
+from support.sql import SQL_BACKENDS
 
 pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
 

@@ -25,7 +25,14 @@ from durable_sessions import (
 )
 from durable_sessions.model import utcnow
 from durable_sessions.sql.schema import sessions
-from sqlhelpers import SQL_BACKENDS, data_statements, statements
+from support.sql import (
+    SQL_BACKENDS,
+    index_scans,
+    pg_plan,
+    sqlite_plan,
+    statements,
+    the_data_statement,
+)
 
 N = 3_000
 
@@ -47,13 +54,6 @@ async def _many_sessions(engine: AsyncEngine, n: int = N) -> None:
         await conn.execute(sessions.insert(), rows)
         if engine.dialect.name == "postgresql":
             await conn.exec_driver_sql("ANALYZE ds_sessions")
-
-
-def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    nodes = [plan]
-    for child in plan.get("Plans", []):
-        nodes.extend(_plan_nodes(child))
-    return nodes
 
 
 async def _walk(store: Store, filter: Filter) -> list[Page]:
@@ -80,30 +80,23 @@ async def test_a_deep_page_is_one_index_range_that_reads_only_its_rows(
     with statements(engine) as seen:
         deep = await store.list_page(filter, cursor=page.next_cursor)
     assert len(deep.sessions) == 20
-    (sql,) = data_statements(seen)
-    params = next(p for s, p in seen if s == sql)
+    sql, params = the_data_statement(seen)
     # SQLAlchemy renders SQLite's LIMIT with "OFFSET ?", bound to 0: never a real offset.
     assert "OFFSET" not in sql.upper() or (sql.upper().endswith("OFFSET ?") and params[-1] == 0)
-    async with engine.connect() as conn:
-        if backend == "postgres":
-            raw = (
-                await conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
-            ).scalar()
-            plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
-            nodes = _plan_nodes(plan)
-            scans = [n for n in nodes if n["Node Type"] in ("Index Scan", "Index Only Scan")]
-            assert scans, nodes
-            assert scans[0]["Index Name"] == index
-            assert scans[0]["Scan Direction"] == "Backward"
-            assert scans[0]["Actual Rows"] <= 21  # the page and one more: is there a next?
-            assert "updated_at" in scans[0].get("Index Cond", ""), scans[0]
-            assert not [n for n in nodes if n["Node Type"] in ("Sort", "Seq Scan")]
-        else:
-            rows = (await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params)).all()
-            details = " | ".join(str(r[-1]) for r in rows)
-            assert f"USING INDEX {index}" in details, details
-            assert "(updated_at,id)<(?,?)" in details.replace(" ", ""), details
-            assert "TEMP B-TREE" not in details, details
+    if backend == "postgres":
+        nodes = await pg_plan(engine, sql, params, analyze=True)
+        scans = index_scans(nodes)
+        assert scans, nodes
+        assert scans[0]["Index Name"] == index
+        assert scans[0]["Scan Direction"] == "Backward"
+        assert scans[0]["Actual Rows"] <= 21  # the page and one more: is there a next?
+        assert "updated_at" in scans[0].get("Index Cond", ""), scans[0]
+        assert not [n for n in nodes if n["Node Type"] in ("Sort", "Seq Scan")]
+    else:
+        details = await sqlite_plan(engine, sql, params)
+        assert f"USING INDEX {index}" in details, details
+        assert "(updated_at,id)<(?,?)" in details.replace(" ", ""), details
+        assert "TEMP B-TREE" not in details, details
 
 
 @pytest.mark.parametrize("backend", SQL_BACKENDS)

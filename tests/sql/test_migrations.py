@@ -30,7 +30,7 @@ from durable_sessions.migrate import (
 )
 from durable_sessions.sql.schema import VERSION_TABLE, metadata
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 TABLES = {"ds_sessions", "ds_user_state", "ds_app_state", "ds_events"}
 # Search (revision 0003), outside the SQLAlchemy metadata: SQLite's FTS5 table (with its

@@ -33,7 +33,7 @@ from durable_sessions.adk import (
     durable_session_id,
     import_adk,
 )
-from sqlhelpers import SQL_BACKENDS, snapshot
+from support.sql import SQL_BACKENDS, snapshot
 
 ORG = "acme"
 BASE = 1_750_000_000.0

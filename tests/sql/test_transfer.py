@@ -29,7 +29,7 @@ from durable_sessions.sql.transfer import (
     page_queries,
 )
 from durable_sessions.state import MAX_ID_BYTES, MAX_KEY_BYTES
-from sqlhelpers import SQL_BACKENDS, snapshot, statements
+from support.sql import SQL_BACKENDS, snapshot, statements
 
 pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
 

@@ -23,7 +23,7 @@ from durable_sessions import (
     StoreUnavailableError,
 )
 from durable_sessions.sql.translate import translate_error, translated
-from sqlhelpers import raw_pg
+from support.sql import raw_pg
 
 NOT_DONE = "may not have completed"
 

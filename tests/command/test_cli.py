@@ -24,7 +24,7 @@ from durable_sessions.cli import main
 from durable_sessions.sql import transfer
 from durable_sessions.sql.schema import sessions
 from durable_sessions.sql.transfer import dumps
-from sqlhelpers import raw_pg
+from support.sql import raw_pg
 
 PROG = "durable-sessions"
 COMMANDS = [

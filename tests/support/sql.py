@@ -1,8 +1,9 @@
-"""Helpers for the SQL-store tests: statement counting and table snapshots."""
+"""Helpers for the SQL-store tests: statements seen, their plans, table snapshots."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import json
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -40,6 +41,49 @@ def data_statements(seen: list[tuple[str, Any]]) -> list[str]:
     """The statements that read or write data (not BEGIN/COMMIT/PRAGMA)."""
     skip = ("BEGIN", "COMMIT", "ROLLBACK", "PRAGMA")
     return [s for s, _ in seen if not s.lstrip().upper().startswith(skip)]
+
+
+def the_data_statement(seen: list[tuple[str, Any]]) -> tuple[str, Any]:
+    """The one statement that read or wrote data, with its parameters (fails if not one)."""
+    (sql,) = data_statements(seen)
+    return sql, next(p for s, p in seen if s == sql)
+
+
+async def pg_plan(
+    engine: AsyncEngine,
+    sql: str,
+    params: Any = None,
+    *,
+    analyze: bool = False,
+    settings: Iterable[str] = (),
+) -> list[dict[str, Any]]:
+    """Postgres's plan of one statement (``EXPLAIN (FORMAT JSON)``), every node, outermost first.
+
+    ``settings`` are run first on the same connection (``"SET enable_seqscan = off"``).
+    """
+    option = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
+    async with engine.connect() as conn:
+        for setting in settings:
+            await conn.exec_driver_sql(setting)
+        raw = (await conn.exec_driver_sql(f"EXPLAIN ({option}) {sql}", params)).scalar()
+    nodes, todo = [], [(json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]]
+    while todo:
+        node = todo.pop(0)
+        nodes.append(node)
+        todo[:0] = node.get("Plans", [])
+    return nodes
+
+
+def index_scans(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The index scans of a plan (``pg_plan``), outermost first."""
+    return [n for n in nodes if n["Node Type"] in ("Index Scan", "Index Only Scan")]
+
+
+async def sqlite_plan(engine: AsyncEngine, sql: str, params: Any = None) -> str:
+    """SQLite's ``EXPLAIN QUERY PLAN`` of one statement: each step's detail, joined by " | "."""
+    async with engine.connect() as conn:
+        rows = (await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params)).all()
+    return " | ".join(str(row[-1]) for row in rows)
 
 
 async def snapshot(engine: AsyncEngine) -> dict[str, list[tuple[Any, ...]]]:

@@ -23,7 +23,7 @@ from durable_sessions import (
 )
 from durable_sessions.sql.dialect import dialect_ops
 from durable_sessions.sql.schema import app_state, user_state
-from sqlhelpers import SQL_BACKENDS, data_statements, snapshot, statements
+from support.sql import SQL_BACKENDS, data_statements, snapshot, statements
 
 
 def test_refuses_a_sync_engine() -> None:

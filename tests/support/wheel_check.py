@@ -8,7 +8,7 @@ checkout, fails here.
 
 Usage::
 
-    python tests/wheel_check.py dist/durable_sessions-0.1.0-py3-none-any.whl
+    python tests/support/wheel_check.py dist/durable_sessions-0.1.0-py3-none-any.whl
 
 Exits 0 when the wheel works, non-zero otherwise. Not collected by pytest (no ``test_``
 prefix); the nox session ``wheel`` builds a wheel and runs this script on it.
@@ -69,7 +69,7 @@ print(f"ok: durable_sessions {durable_sessions.__version__} from {package} migra
 """
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def temp_base() -> Path:

@@ -26,7 +26,7 @@ from durable_sessions import (
 from durable_sessions.sql.transfer import export_jsonl, import_jsonl
 from durable_sessions.state import MAX_ID_BYTES, MAX_ID_LENGTH, MAX_KEY_BYTES, MAX_KEY_LENGTH
 from reliability.helpers import observe_org, reset_tables
-from sqlhelpers import snapshot
+from support.sql import snapshot
 
 
 @pytest.fixture
@@ -109,15 +109,6 @@ def test_the_widest_test_data_is_at_the_limits() -> None:
     assert MAX_ID_BYTES // 4 <= MAX_ID_LENGTH
     assert {len(k.encode()) for k in keys.values()} == {MAX_KEY_BYTES}
     assert all(len(k) <= MAX_KEY_LENGTH for k in keys.values())
-
-
-@pytest.fixture
-def engine_or_none(request: pytest.FixtureRequest, backend: str) -> AsyncEngine | None:
-    """The test's engine on SQL backends, None for memory."""
-    if backend == "memory":
-        return None
-    engine: AsyncEngine = request.getfixturevalue("engine")
-    return engine
 
 
 async def observe(store: Store, engine: AsyncEngine | None, orgs: list[str]) -> Any:

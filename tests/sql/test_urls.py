@@ -15,7 +15,7 @@ from durable_sessions import InvalidArgumentError, Manager, SQLStore
 from durable_sessions.cli import main
 from durable_sessions.urls import async_url, sqlite_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ README's recipe for distributing the schema.
 The contract suite and the reliability scenarios run in distributed mode too, as the
 ``postgres-distributed`` backend (``tests/conftest.py``), forced on plain Postgres; no Citus
 server exists here, so the rules Citus routes by are checked on the statements themselves
-(``tests/citus_rules.py``).
+(``tests/support/citus_rules.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.sql import Executable
 
-from citus_rules import recording, violations
 from durable_sessions import Event, Filter, InvalidArgumentError, Manager, SQLStore
 from durable_sessions.sql.citus import (
     SETTING,
@@ -39,11 +38,12 @@ from durable_sessions.sql.runner import Result
 from durable_sessions.sql.schema import VERSION_TABLE, metadata
 from durable_sessions.sql.statements import META, SESSION_KEY, S
 from durable_sessions.state import ScopedDelta
-from sqlhelpers import PG_DISTRIBUTED, data_statements, raw_pg, statements
+from support.citus_rules import recording, violations
+from support.sql import PG_DISTRIBUTED, data_statements, raw_pg, statements
 
 DIALECT = PGDialect_asyncpg()
 OPS = dialect_ops("postgresql", "asyncpg")
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 POSTGRES = pytest.param("postgres", marks=pytest.mark.postgres)
 
 

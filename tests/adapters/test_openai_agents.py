@@ -38,7 +38,7 @@ from durable_sessions import (
     Store,
 )
 from durable_sessions.openai_agents import DurableSession
-from sqlhelpers import SQL_BACKENDS
+from support.sql import SQL_BACKENDS
 
 APP = "openai-agents"
 

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -41,18 +42,6 @@ def _installed(module: str) -> bool:
         return False
 
 
-# The Google ADK section is being rewritten (in its own change) into a block that runs as
-# pasted and an install from a checkout. Until then its old fragment is an expected failure,
-# exactly as it stands: any other text of it must pass.
-ADK_FRAGMENT = (
-    "from durable_sessions.adk import DurableSessionService\n"
-    'session_service = DurableSessionService(SQLStore(engine), org_id="acme")'
-    "  # after await store.migrate()\n"
-    'runner = Runner(agent=agent, app_name="my_app", session_service=session_service)\n'
-)
-ADK_INSTALL = '(`pip install "durable-sessions[adk]"`, google-adk 1.28 to 2.x)'
-
-
 def blocks(*languages: str) -> list[str]:
     """The README's fenced code blocks in these languages, in order."""
     text = README.read_text(encoding="utf-8")
@@ -60,14 +49,8 @@ def blocks(*languages: str) -> list[str]:
 
 
 def python_blocks() -> list[Any]:
-    found = blocks("python", "py")
-    pending = pytest.mark.xfail(
-        reason="the ADK section's old fragment (NameError: SQLStore), being rewritten",
-        strict=True,
-    )
     return [
-        pytest.param(code, id=f"python-{i}", marks=[pending] if code == ADK_FRAGMENT else [])
-        for i, code in enumerate(found, 1)
+        pytest.param(code, id=f"python-{i}") for i, code in enumerate(blocks("python", "py"), 1)
     ]
 
 
@@ -115,7 +98,7 @@ def test_every_shell_block_is_run_or_checked() -> None:
     """A new shell block needs a decision here: run it below, check it, or say why not."""
     for code in blocks("sh", "bash", "shell", "console"):
         if code.strip() in (DEMO_COMMAND, TEST_COMMAND):
-            continue  # checked below, and run by CI (.ci/run) and by hand on a fresh clone
+            continue  # run below (the demo) and by CI (.ci/run: the test command)
         if code.startswith("docker compose"):
             continue  # starts a container: not run by the tests
         assert code == _command_code(), f"a README shell block no test runs:\n{code}"
@@ -131,6 +114,33 @@ def test_the_two_commands_stay_two_one_line_commands() -> None:
         assert command.startswith("python3 -m venv .venv && .venv/bin/pip install ")
 
 
+@pytest.mark.slow
+@pytest.mark.sqlite
+def test_the_demo_command_runs_as_written_in_a_fresh_copy(tmp_path: Path) -> None:
+    """The first command, exactly as the README has it, in a copy of the checkout's files:
+    a virtualenv of its own, the package installed from the copy, the demo to its end."""
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    clone = tmp_path / "clone"
+    for name in filter(None, (f.decode() for f in files)):
+        if (ROOT / name).is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clone / name)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    done = subprocess.run(
+        ["bash", "-c", DEMO_COMMAND],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "4. Transcript" in done.stdout, done.stdout[-3000:]
+    assert (clone / "durable-sessions.db").exists()
+
+
 def test_ci_runs_the_readme_test_command_exactly_as_written() -> None:
     script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert TEST_COMMAND in script.splitlines()
@@ -138,7 +148,7 @@ def test_ci_runs_the_readme_test_command_exactly_as_written() -> None:
 
 def test_published_installs_are_marked_as_such() -> None:
     """No index serves durable-sessions yet: an install from the index is said to be one."""
-    text = README.read_text(encoding="utf-8").replace(ADK_INSTALL, "")  # being rewritten
+    text = README.read_text(encoding="utf-8")
     for found in re.finditer(r'pip install "durable-sessions\[', text):
         before = text[max(0, found.start() - 60) : found.start()]
         assert "published" in before.lower(), text[found.start() - 60 : found.end() + 20]

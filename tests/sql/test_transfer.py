@@ -73,6 +73,12 @@ async def test_export_then_import_round_trips_byte_for_byte(engine: AsyncEngine)
     assert [e.content for e in restored.events] == [{"text": "hi"}, {"text": "yo"}]
     # An imported session is a new life of its id: it gets an incarnation of its own.
     assert restored.incarnation
+    # Imported events are in the search index (the same triggers as appends), per tenant.
+    hits = [(h.session_id, h.event.seq) for h in await source.search("o1", "yo")]
+    assert sorted(hits) == sorted((s.id, 2) for s in await manager.list(Filter("o1")))
+    assert len(hits) == 2  # the session and its fork
+    assert [h.session_id for h in await source.search("o2", "hi")] != []
+    assert await source.search("o3", "hi") == []
 
 
 async def test_a_bad_line_names_itself_and_writes_nothing(engine: AsyncEngine) -> None:

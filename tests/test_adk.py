@@ -423,6 +423,41 @@ async def test_sessions_the_core_api_made_under_other_ids_are_not_listed(
     assert await service.get_session(app_name=APP, user_id="u", session_id="taken") is None
 
 
+async def test_delete_session_deletes_only_what_get_session_returns(
+    service: DurableSessionService, store: Store
+) -> None:
+    long_app, long_user = "a" * 140, "u" * 140
+    hashed = durable_session_id(long_app, long_user, "main")
+    # Core sessions under ids of the ADK form, stored for another app or user than the id
+    # names: no ADK call names them.
+    forged = {
+        "my_app/u2/taken": ("u", APP),
+        "my_app/u2/elsewhere": ("u2", "other"),
+        hashed: ("u", APP),
+    }
+    for durable_id, (user_id, app_name) in forged.items():
+        await store.create(
+            Session(id=durable_id, org_id=ORG, user_id=user_id, app_name=app_name, state={"k": 1})
+        )
+        await store.append_event(ORG, durable_id, DurableEvent(author="user", content="x"))
+    calls = [(APP, "u2", "taken"), (APP, "u2", "elsewhere"), (long_app, long_user, "main")]
+    for app_name, user_id, session_id in calls:
+        assert await service.get_session(
+            app_name=app_name, user_id=user_id, session_id=session_id
+        ) is None  # fmt: skip
+        await service.delete_session(app_name=app_name, user_id=user_id, session_id=session_id)
+    for durable_id, (user_id, app_name) in forged.items():
+        kept = await store.get_with_events(ORG, durable_id)
+        assert (kept.user_id, kept.app_name, kept.state) == (user_id, app_name, {"k": 1})
+        assert len(kept.events) == 1
+    # The one get_session returns is the one delete_session deletes.
+    mine = await service.create_session(app_name=long_app, user_id="u", session_id="taken")
+    await service.append_event(mine, user_event())
+    await service.delete_session(app_name=long_app, user_id="u", session_id="taken")
+    assert await service.get_session(app_name=long_app, user_id="u", session_id="taken") is None
+    assert await store.list(Filter(ORG, app_name=long_app)) == []
+
+
 async def test_the_command_line_shows_an_adk_session(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'adk.db'}"
     engine = create_async_engine(url)

@@ -426,14 +426,19 @@ class DurableSessionService(BaseSessionService):
         return construct(ListSessionsResponse, {"sessions": sessions})
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
-        """Delete a session and its events; a missing session is ignored, as in ADK."""
+        """Delete a session and its events; a missing session is ignored, as in ADK.
+
+        It deletes exactly the session ``get_session`` returns for the same arguments: one
+        stored under the durable id of (app, user, id) whose app and user are these (a
+        session the core API made under that id for another app or user is left alone).
+        """
         org_id = self._org()
         session_id = _strip_id(session_id) or ""
-        # One statement, no read first: the id itself names (app, user).
+        # One statement, no read first: the store deletes the row only if it is the owner's.
         with contextlib.suppress(SessionNotFoundError, InvalidArgumentError):
             if session_id:
                 durable_id = durable_session_id(app_name, user_id, session_id)
-                await self.store.delete(org_id, durable_id)
+                await self.store.delete(org_id, durable_id, app_name=app_name, user_id=user_id)
 
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         """Return the user's ``user:`` state in this app, keys without the prefix.

@@ -15,9 +15,9 @@ Without ``org_id`` each call works in the organisation bound in its context
 Session ids follow ADK: an id is unique within its (app, user), so two users may both have
 a session ``"main"``. The ADK session ``(app, user, id)`` is the durable session whose id is
 ``durable_session_id(app, user, id)``, ``"app/user/id"`` (``%``, ``/`` and ``#`` in a part
-written ``%25``, ``%2F``, ``%23``; past 255 characters, ``"#<hash of app and user>/id"``),
-with ``app_name`` and ``user_id`` as given: find it with ``durable-sessions show
-my_app/alice/main`` or ``list --app my_app --user alice``.
+written ``%25``, ``%2F``, ``%23``; past 255 characters or 512 bytes of UTF-8,
+``"#<hash of app and user>/id"``), with ``app_name`` and ``user_id`` as given: find it with
+``durable-sessions show my_app/alice/main`` or ``list --app my_app --user alice``.
 
 ADK's ``Event`` is stored whole, as the JSON of ``model_dump(mode="json",
 exclude_none=True)``, in the stored event's ``content`` (never pickled) and read back as
@@ -75,7 +75,7 @@ from .errors import (
 )
 from .model import Event, Filter, Session, new_id
 from .prepare import check_limit
-from .state import MAX_ID_LENGTH, TEMP_PREFIX, USER_PREFIX, validate_id
+from .state import MAX_ID_BYTES, MAX_ID_LENGTH, TEMP_PREFIX, USER_PREFIX, validate_id
 from .store import Store
 
 if TYPE_CHECKING:
@@ -114,24 +114,40 @@ def durable_session_id(app_name: str, user_id: str, session_id: str) -> str:
 
     ``"app/user/id"``, each part with ``%``, ``/`` and ``#`` escaped as ``%25``, ``%2F``
     and ``%23``, so that every (app, user, id) has its own id. When that is longer than
-    the 255 characters an id may have, the app and user are replaced by a hash:
-    ``"#<32 hex digits>/id"``.
+    an id may be (255 characters, 512 bytes as UTF-8: ``MAX_ID_LENGTH``,
+    ``MAX_ID_BYTES``), the app and user are replaced by a hash: ``"#<32 hex digits>/id"``.
 
     Raises:
         InvalidArgumentError: a part is not a string, or even the hashed form is too long
-            (an ADK id of more than about 220 characters).
+            (an ADK id of more than about 220 characters, or 478 bytes as UTF-8), as the
+            core refuses an id over either limit; nothing is written.
     """
     for name, part in (("app_name", app_name), ("user_id", user_id), ("session_id", session_id)):
         if not isinstance(part, str):
             raise InvalidArgumentError(f"{name} must be a string, not {type(part).__name__}")
     readable = f"{_escape(app_name)}/{_escape(user_id)}/{_escape(session_id)}"
-    if len(readable) <= MAX_ID_LENGTH:
+    if _fits(readable):
         return readable
     owner = f"{app_name}\x00{user_id}".encode("utf-8", "surrogatepass")
     hashed = f"{_HASHED}{hashlib.sha256(owner).hexdigest()[:32]}/{_escape(session_id)}"
-    if len(hashed) > MAX_ID_LENGTH:
-        raise InvalidArgumentError(f"session_id is too long ({len(session_id)} characters)")
+    if not _fits(hashed):
+        raise InvalidArgumentError(
+            f"session_id is too long ({len(session_id)} characters, "
+            f"{_utf8_size(session_id)} bytes as UTF-8): its durable id {hashed[:40]!r}... "
+            f"would pass the limit of {MAX_ID_LENGTH} characters and {MAX_ID_BYTES} bytes"
+        )
     return hashed
+
+
+def _utf8_size(text: str) -> int:
+    """The length of ``text`` in UTF-8 bytes (a lone surrogate counted as its 3 bytes)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _fits(durable_id: str) -> bool:
+    """Whether a durable id is within both limits the core puts on ids: characters and
+    UTF-8 bytes (``validate_id``)."""
+    return len(durable_id) <= MAX_ID_LENGTH and _utf8_size(durable_id) <= MAX_ID_BYTES
 
 
 def _adk_session_id(stored: Session, prefixes: dict[tuple[str, str], str]) -> str | None:
@@ -410,14 +426,19 @@ class DurableSessionService(BaseSessionService):
         return construct(ListSessionsResponse, {"sessions": sessions})
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
-        """Delete a session and its events; a missing session is ignored, as in ADK."""
+        """Delete a session and its events; a missing session is ignored, as in ADK.
+
+        It deletes exactly the session ``get_session`` returns for the same arguments: one
+        stored under the durable id of (app, user, id) whose app and user are these (a
+        session the core API made under that id for another app or user is left alone).
+        """
         org_id = self._org()
         session_id = _strip_id(session_id) or ""
-        # One statement, no read first: the id itself names (app, user).
+        # One statement, no read first: the store deletes the row only if it is the owner's.
         with contextlib.suppress(SessionNotFoundError, InvalidArgumentError):
             if session_id:
                 durable_id = durable_session_id(app_name, user_id, session_id)
-                await self.store.delete(org_id, durable_id)
+                await self.store.delete(org_id, durable_id, app_name=app_name, user_id=user_id)
 
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         """Return the user's ``user:`` state in this app, keys without the prefix.

@@ -13,6 +13,7 @@ from .model import Event, Filter, Page, SearchHit, Session, new_id, utcnow
 from .prepare import (
     RECREATED,
     check_counters,
+    check_delete,
     check_delete_user,
     check_events_read,
     check_expected,
@@ -191,10 +192,22 @@ class InMemoryStore:
         session.mark_persisted()
         return session
 
-    async def delete(self, org_id: str, session_id: str) -> None:
-        """Delete a session with its private state and events."""
-        check_session(org_id, session_id)
-        self._record(org_id, session_id)
+    async def delete(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        app_name: str | None = None,
+        user_id: str | None = None,
+    ) -> None:
+        """Delete a session with its private state and events (of that app and user only,
+        when given)."""
+        check_delete(org_id, session_id, app_name, user_id)
+        meta = self._record(org_id, session_id).meta
+        if (app_name is not None and meta.app_name != app_name) or (
+            user_id is not None and meta.user_id != user_id
+        ):
+            raise SessionNotFoundError(org_id, session_id)
         del self._sessions[(org_id, session_id)]
 
     async def list(self, filter: Filter) -> builtins.list[Session]:

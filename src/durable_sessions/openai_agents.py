@@ -40,7 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
 from .context import current_org_id
 from .errors import SessionExistsError, SessionNotFoundError, StaleSessionError
 from .model import Event, Session, derive_title
-from .state import MAX_ID_LENGTH, validate_id
+from .state import MAX_ID_BYTES, MAX_ID_LENGTH, validate_id
 from .store import Store, check_after_seq
 
 __all__ = ["DurableSession"]
@@ -53,7 +53,12 @@ def _author(item: Mapping[str, Any]) -> str:
     """The event author of an item: its role (messages), else its type."""
     for key in ("role", "type"):
         value = item.get(key)
-        if isinstance(value, str) and value and len(value) <= MAX_ID_LENGTH:
+        if (
+            isinstance(value, str)
+            and value
+            and len(value) <= MAX_ID_LENGTH
+            and len(value.encode("utf-8", "surrogatepass")) <= MAX_ID_BYTES
+        ):
             return value
     return _ITEM
 

@@ -38,6 +38,7 @@ __all__ = [
     "check_after",
     "check_count",
     "check_counters",
+    "check_delete",
     "check_delete_user",
     "check_events_read",
     "check_expected",
@@ -82,6 +83,15 @@ def check_session(org_id: str, session_id: str) -> None:
     """Check an (org id, session id) pair."""
     validate_id("org_id", org_id)
     validate_id("session_id", session_id)
+
+
+def check_delete(org_id: str, session_id: str, app_name: str | None, user_id: str | None) -> None:
+    """Check a delete: the session, and the owner it must have when one is given."""
+    check_session(org_id, session_id)
+    if app_name is not None:
+        validate_id("app_name", app_name, allow_empty=True)
+    if user_id is not None:
+        validate_id("user_id", user_id)
 
 
 def check_max_bytes(max_value_bytes: int | None) -> int | None:

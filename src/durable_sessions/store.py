@@ -90,11 +90,23 @@ class Store(Protocol):
         """
         ...
 
-    async def delete(self, org_id: str, session_id: str) -> None:
+    async def delete(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        app_name: str | None = None,
+        user_id: str | None = None,
+    ) -> None:
         """Delete a session with its private state and events.
 
+        With ``app_name`` and/or ``user_id``, only a session of that app and/or user is
+        deleted, checked in the same operation as the delete (one statement on Postgres):
+        a session of another app or user under that id is left as it is, as if missing.
+
         Raises:
-            SessionNotFoundError: no such session in that organisation.
+            SessionNotFoundError: no such session in that organisation (or none of that
+                app or user).
         """
         ...
 

@@ -59,6 +59,7 @@ from durable_sessions import (
 )
 from durable_sessions._adk_models import construct, rebuild
 from durable_sessions.adk import DurableSessionService, durable_session_id
+from durable_sessions.state import validate_id
 from support.sql import SQL_BACKENDS, data_statements, statements
 
 # ADK's StaleSessionError (a ValueError); older google-adk raised a plain ValueError.
@@ -321,6 +322,19 @@ def test_durable_ids_are_readable_and_unique_per_app_and_user() -> None:
     assert hashed != durable_session_id(long_app, "v" * 130, "main")
     with pytest.raises(InvalidArgumentError, match="too long"):
         durable_session_id(APP, "u", "s" * 250)
+    # Within 255 characters but past 512 bytes of UTF-8, the limit the core also checks.
+    wide_app, wide_user = "\U0001f600" * 70, "\u00fc" * 120
+    readable = f"{wide_app}/{wide_user}/main"
+    assert len(readable) <= 255 < len(readable.encode())
+    wide = durable_session_id(wide_app, wide_user, "main")
+    assert wide.startswith("#")
+    assert wide.endswith("/main")
+    assert durable_session_id("\U0001f600" * 30, "u", "main") == "\U0001f600" * 30 + "/u/main"
+    with pytest.raises(InvalidArgumentError, match="too long") as refused:
+        durable_session_id(APP, "u", "\U0001f600" * 126)  # 538 bytes hashed
+    with pytest.raises(InvalidArgumentError) as core:
+        validate_id("session_id", "#" + "0" * 32 + "/" + "\U0001f600" * 126)
+    assert type(refused.value) is type(core.value)
 
 
 async def test_long_and_odd_ids_work_end_to_end(service: DurableSessionService) -> None:
@@ -344,6 +358,38 @@ async def test_long_and_odd_ids_work_end_to_end(service: DurableSessionService) 
         assert (await service.list_sessions(app_name=app_name, user_id=user_id)).sessions == []
     with pytest.raises(InvalidArgumentError, match="too long"):
         await service.create_session(app_name=APP, user_id="u", session_id="s" * 250)
+
+
+async def test_ids_past_512_bytes_of_utf8_work_or_are_refused_before_any_write(
+    service: DurableSessionService, store: Store
+) -> None:
+    # Each part fits, and the readable "app/user/id" has under 255 characters but over
+    # 512 bytes: the session lives under the hashed id, end to end.
+    app_name, user_id, session_id = "\U0001f600" * 70, "\u00fc" * 120, "\U0001f680" * 20
+    made = await service.create_session(
+        app_name=app_name, user_id=user_id, session_id=session_id, state={"k": 1}
+    )
+    await service.append_event(made, delta_event({"n": 1}))
+    got = await service.get_session(app_name=app_name, user_id=user_id, session_id=session_id)
+    assert got is not None
+    assert (got.id, got.state, len(got.events)) == (session_id, {"k": 1, "n": 1}, 1)
+    listed = (await service.list_sessions(app_name=app_name, user_id=user_id)).sessions
+    assert [s.id for s in listed] == [session_id]
+    await service.delete_session(app_name=app_name, user_id=user_id, session_id=session_id)
+    assert await service.get_session(
+        app_name=app_name, user_id=user_id, session_id=session_id
+    ) is None  # fmt: skip
+    # An id whose hashed form passes 512 bytes is refused as the core refuses such an id,
+    # before anything is written; the other calls find no such session.
+    too_wide = "\U0001f600" * 126
+    with pytest.raises(InvalidArgumentError, match="too long"):
+        await service.create_session(app_name=APP, user_id="u", session_id=too_wide)
+    assert await service.get_session(app_name=APP, user_id="u", session_id=too_wide) is None
+    await service.delete_session(app_name=APP, user_id="u", session_id=too_wide)
+    with pytest.raises(SessionNotFoundError):
+        await service.append_event(AdkSession(id=too_wide, app_name=APP, user_id="u"), user_event())
+    assert await store.list(Filter(ORG)) == []
+    assert await service.get_user_state(app_name=APP, user_id="u") == {}
 
 
 async def test_the_core_api_finds_an_adk_session_by_its_durable_id(
@@ -375,6 +421,41 @@ async def test_sessions_the_core_api_made_under_other_ids_are_not_listed(
     assert await service.get_session(app_name=APP, user_id="u", session_id="plain-core-id") is None
     assert await service.get_session(app_name=APP, user_id="u2", session_id="taken") is None
     assert await service.get_session(app_name=APP, user_id="u", session_id="taken") is None
+
+
+async def test_delete_session_deletes_only_what_get_session_returns(
+    service: DurableSessionService, store: Store
+) -> None:
+    long_app, long_user = "a" * 140, "u" * 140
+    hashed = durable_session_id(long_app, long_user, "main")
+    # Core sessions under ids of the ADK form, stored for another app or user than the id
+    # names: no ADK call names them.
+    forged = {
+        "my_app/u2/taken": ("u", APP),
+        "my_app/u2/elsewhere": ("u2", "other"),
+        hashed: ("u", APP),
+    }
+    for durable_id, (user_id, app_name) in forged.items():
+        await store.create(
+            Session(id=durable_id, org_id=ORG, user_id=user_id, app_name=app_name, state={"k": 1})
+        )
+        await store.append_event(ORG, durable_id, DurableEvent(author="user", content="x"))
+    calls = [(APP, "u2", "taken"), (APP, "u2", "elsewhere"), (long_app, long_user, "main")]
+    for app_name, user_id, session_id in calls:
+        assert await service.get_session(
+            app_name=app_name, user_id=user_id, session_id=session_id
+        ) is None  # fmt: skip
+        await service.delete_session(app_name=app_name, user_id=user_id, session_id=session_id)
+    for durable_id, (user_id, app_name) in forged.items():
+        kept = await store.get_with_events(ORG, durable_id)
+        assert (kept.user_id, kept.app_name, kept.state) == (user_id, app_name, {"k": 1})
+        assert len(kept.events) == 1
+    # The one get_session returns is the one delete_session deletes.
+    mine = await service.create_session(app_name=long_app, user_id="u", session_id="taken")
+    await service.append_event(mine, user_event())
+    await service.delete_session(app_name=long_app, user_id="u", session_id="taken")
+    assert await service.get_session(app_name=long_app, user_id="u", session_id="taken") is None
+    assert await store.list(Filter(ORG, app_name=long_app)) == []
 
 
 async def test_the_command_line_shows_an_adk_session(tmp_path: Path) -> None:

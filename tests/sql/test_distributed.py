@@ -150,7 +150,7 @@ def test_every_distributed_write_is_one_transaction() -> None:
         *programs.truncate(key),
     ]
     assert [job.mode for job in jobs] == ["write"] * 6
-    assert programs.delete("o", "s").mode == "atomic"
+    assert programs.delete({**key, "k_app": None, "k_user": None}).mode == "atomic"
     for job in jobs:
         job.program.close()
 
@@ -174,7 +174,7 @@ async def _every_operation(store: SQLStore, manager: Manager) -> None:
     await manager.list(Filter("org", user_id="alice", with_state=True, limit=5))
     await manager.list_page(Filter("org", limit=1))
     await store.get_shared_state("org", "app", "alice")
-    await manager.delete("org", child.id)
+    await store.delete("org", child.id, app_name="app", user_id="alice")
     await store.purge("org", older_than=timedelta(days=1))
     await store.delete_user("org", "alice")
 

@@ -49,6 +49,7 @@ from .statements import (
     EVENTS_KEY,
     META,
     NOW,
+    OWNED,
     SESSION_KEY,
     USER_KEY,
     S,
@@ -151,9 +152,10 @@ class PostgresStatements(PostgresShapes):
                 self._app_agg(bindparam("org_id"), bindparam("app_name")),
             ).add_cte(*self._shared_writes(created, deletes=False))
         )
-        # delete: the transcript and the session row together.
-        gone = delete(events).where(EVENTS_KEY).cte("gone")
-        self.pg_delete = c(delete(S).where(SESSION_KEY).returning(S.c.id).add_cte(gone))
+        # delete: the session row (of the owner asked for), then its transcript, together.
+        dropped = delete(S).where(SESSION_KEY, OWNED).returning(S.c.id).cte("dropped")
+        gone = delete(events).where(EVENTS_KEY, select(dropped.c.id).exists()).cte("gone")
+        self.pg_delete = c(select(dropped.c.id).add_cte(gone))
         self.pg_fork = c(self._pg_fork())
         self.pg_append_many = c(self._pg_append_many())
         self.pg_truncate = c(self._pg_truncate())
@@ -393,8 +395,8 @@ class PostgresPrograms(PostgresReads):
             yield from self.stale(params)
         return int(done.version)
 
-    def delete(self, org_id: str, session_id: str) -> Job[None]:
-        return Job(self._delete({"k_org": org_id, "k_id": session_id}), "atomic")
+    def delete(self, key: dict[str, Any]) -> Job[None]:
+        return Job(self._delete(key), "atomic")
 
     def _delete(self, key: dict[str, Any]) -> Program[None]:
         if not (yield Query(self.q.pg_delete, key)).rowcount:

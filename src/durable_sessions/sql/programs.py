@@ -286,8 +286,9 @@ class Programs:
         """A version-checked save of title, private state and shared delta; the new version."""
         raise NotImplementedError
 
-    def delete(self, org_id: str, session_id: str) -> Job[None]:
-        """Delete a session and its transcript."""
+    def delete(self, key: dict[str, Any]) -> Job[None]:
+        """Delete a session and its transcript (``k_org``, ``k_id``; of the app ``k_app``
+        and the user ``k_user`` only, where those are not None)."""
         raise NotImplementedError
 
     def append(self, params: dict[str, Any], stored: Event, delta: ScopedDelta) -> Job[int]:

@@ -31,7 +31,7 @@ from .compiled import Compiled, compile_statement
 from .dialect import DialectOps
 from .schema import JSONValue, UTCDateTime, app_state, events, sessions, user_state
 
-__all__ = ["EVENTS_KEY", "EVENT_COLUMNS", "META", "NOW", "SESSION_KEY", "Statements"]
+__all__ = ["EVENTS_KEY", "EVENT_COLUMNS", "META", "NOW", "OWNED", "SESSION_KEY", "Statements"]
 
 S = sessions
 META = [
@@ -66,6 +66,13 @@ NOW = bindparam("v_now", type_=UTCDateTime)
 INCARNATION = bindparam("v_incarnation", type_=Text)
 # A write guarded by the incarnation the caller holds (None: any incarnation of the id).
 SAME_LIFE = or_(INCARNATION.is_(None), S.c.incarnation == INCARNATION)
+# A delete of a session of this app and user only (None: of any).
+_OWNER_APP = bindparam("k_app", type_=Text)
+_OWNER_USER = bindparam("k_user", type_=Text)
+OWNED = and_(
+    or_(_OWNER_APP.is_(None), S.c.app_name == _OWNER_APP),
+    or_(_OWNER_USER.is_(None), S.c.user_id == _OWNER_USER),
+)
 
 
 def _room(counter: Any, increment: Any) -> Any:

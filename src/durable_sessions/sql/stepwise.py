@@ -38,6 +38,7 @@ from .statements import (
     EVENTS_KEY,
     META,
     NOW,
+    OWNED,
     SESSION_KEY,
     USER_KEY,
     S,
@@ -88,7 +89,7 @@ class StepwiseStatements(Statements):
         self.append_private = c(self._append(merge=True).returning(*self._append_returning()))
         self.insert_event = c(insert(events).values(bound_row(events)))
         self.delete_events = c(delete(events).where(EVENTS_KEY))
-        self.delete_session = c(delete(S).where(SESSION_KEY))
+        self.delete_session = c(delete(S).where(SESSION_KEY, OWNED))
         # fork: the parent, locked (Postgres) so that no append lands while its transcript
         # is copied; SQLite's write lock, taken up front, does the same.
         self.parent = c(self.locked(select(*META, S.c.state, S.c.event_seq).where(SESSION_KEY)))
@@ -222,10 +223,10 @@ class StepwisePrograms(Programs):
         )
         return int(done.version)
 
-    def delete(self, org_id: str, session_id: str) -> Job[None]:
+    def delete(self, key: dict[str, Any]) -> Job[None]:
         # On Postgres one statement: the events go with the session row (ON DELETE CASCADE,
-        # since the first revision), atomic by itself. SQLite deletes them explicitly too.
-        key = {"k_org": org_id, "k_id": session_id}
+        # since the first revision), atomic by itself. SQLite deletes them explicitly too,
+        # only once the session row (of the owner asked for) is gone.
         return Job(self._delete(key), "atomic" if self.row_locks else "write")
 
     def _delete(self, key: dict[str, Any]) -> Program[None]:

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from ..errors import DeletionIncompleteError, InvalidArgumentError, StoreError
 from ..model import Event, Filter, Page, SearchHit, Session, new_id, utcnow
 from ..prepare import (
+    check_delete,
     check_delete_user,
     check_events_read,
     check_expected,
@@ -281,11 +282,20 @@ class SQLStore:
         session.mark_persisted()
         return session
 
-    async def delete(self, org_id: str, session_id: str) -> None:
-        """Delete a session with its private state and events."""
-        check_session(org_id, session_id)
+    async def delete(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        app_name: str | None = None,
+        user_id: str | None = None,
+    ) -> None:
+        """Delete a session with its private state and events (of that app and user only,
+        when given: checked by the delete statement itself)."""
+        check_delete(org_id, session_id, app_name, user_id)
+        key = {"k_org": org_id, "k_id": session_id, "k_app": app_name, "k_user": user_id}
         await self._ready("delete")
-        await self._run(self._programs.delete(org_id, session_id), "delete")
+        await self._run(self._programs.delete(key), "delete")
 
     async def list(self, filter: Filter) -> builtins.list[Session]:
         """Return matching sessions, most recently updated first (state only on request)."""

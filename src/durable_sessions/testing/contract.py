@@ -189,6 +189,41 @@ class StoreContract:
         with pytest.raises(SessionNotFoundError):
             await manager.delete(ORG, "never-existed")
 
+    async def test_a_delete_for_another_owner_deletes_nothing(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER, id="owned", state={"p": 1})
+        await store.append_event(ORG, session.id, Event(author="user", content="kept"))
+        for owner in (
+            {"user_id": OTHER_USER},
+            {"app_name": OTHER_APP},
+            {"app_name": OTHER_APP, "user_id": USER},
+            {"app_name": "", "user_id": USER},
+            {"app_name": APP, "user_id": OTHER_USER},
+        ):
+            with pytest.raises(SessionNotFoundError):
+                await store.delete(ORG, session.id, **owner)
+        with pytest.raises(InvalidArgumentError):
+            await store.delete(ORG, session.id, user_id="")
+        got = await store.get_with_events(ORG, session.id)
+        assert (got.state, got.version) == ({"p": 1}, session.version + 1)
+        assert [e.content for e in got.events] == ["kept"]
+        with pytest.raises(SessionNotFoundError):  # the owner's id, in another organisation
+            await store.delete(OTHER_ORG, session.id, app_name=APP, user_id=USER)
+        await store.delete(ORG, session.id, app_name=APP, user_id=USER)
+        with pytest.raises(SessionNotFoundError):
+            await manager.get(ORG, session.id)
+        with pytest.raises(SessionNotFoundError):
+            await store.delete(ORG, session.id, app_name=APP, user_id=USER)
+        again = await manager.create(ORG, USER, id="owned")  # the transcript went too
+        assert await store.list_events(ORG, again.id) == []
+        # Either one alone narrows too.
+        for owner in ({"user_id": USER}, {"app_name": APP}):
+            other = await manager.create(ORG, USER)
+            await store.delete(ORG, other.id, **owner)
+            with pytest.raises(SessionNotFoundError):
+                await manager.get(ORG, other.id)
+
     async def test_save_of_a_deleted_session_raises(self, manager: Manager) -> None:
         session = await manager.create(ORG, USER)
         await manager.delete(ORG, session.id)

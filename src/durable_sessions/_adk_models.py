@@ -33,7 +33,7 @@ from typing import Any
 import pydantic
 from pydantic_core import PydanticUndefined
 
-__all__ = ["construct", "rebuild"]
+__all__ = ["construct", "constructor", "rebuild"]
 
 M = typing.TypeVar("M", bound=pydantic.BaseModel)
 _object_setattr = object.__setattr__
@@ -416,3 +416,40 @@ def construct(model: type[M], values: dict[str, Any], **private: Any) -> M:
     if plan.own_post_init:
         instance.model_post_init(None)
     return instance
+
+
+def constructor(
+    model: type[M], names: tuple[str, ...], private_name: str
+) -> Callable[[tuple[Any, ...], Any], M]:
+    """Return ``make(values, private)``: ``construct(model, dict(zip(names, values)),
+    **{private_name: private})``, for many models of one shape (a listing's sessions).
+
+    When ``names`` are every field of ``model`` in declaration order and its one private
+    attribute is ``private_name``, with nothing else to set up, ``make`` builds the model
+    directly; otherwise it calls ``construct``.
+    """
+    plan = _Plan.of(model)
+    if (
+        tuple(model.model_fields) != names
+        or set(plan.private) != {private_name}
+        or not plan.private_immutable
+        or plan.own_post_init
+    ):
+
+        def general(values: tuple[Any, ...], private: Any) -> M:
+            return construct(
+                model, dict(zip(names, values, strict=True)), **{private_name: private}
+            )
+
+        return general
+    new = model.__new__
+
+    def make(values: tuple[Any, ...], private: Any) -> M:
+        instance = new(model)
+        _object_setattr(instance, "__dict__", dict(zip(names, values, strict=True)))
+        _object_setattr(instance, "__pydantic_fields_set__", set(names))
+        _object_setattr(instance, "__pydantic_extra__", None)
+        _object_setattr(instance, "__pydantic_private__", {private_name: private})
+        return instance
+
+    return make

@@ -58,7 +58,7 @@ try:
     from google.genai import types
     from pydantic_core import to_jsonable_python
 
-    from ._adk_models import construct, rebuild
+    from ._adk_models import construct, constructor, rebuild
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
         "durable_sessions.adk needs Google ADK, which is not installed: "
@@ -260,6 +260,18 @@ def _update_time(stored: Session, newest: Event | None) -> float:
     return (newest.timestamp if newest is not None else stored.updated_at).timestamp()
 
 
+_make_session = constructor(
+    AdkSession,
+    ("id", "app_name", "user_id", "state", "events", "last_update_time"),
+    "_storage_update_marker",
+)
+
+
+def _listing_order(item: tuple[float, str, str, Session]) -> tuple[float, str, str]:
+    """ADK's order of a listing: least recently updated first, then user and id."""
+    return item[:3]
+
+
 def _to_adk(stored: Session, session_id: str, events: list[AdkEvent], updated: float) -> AdkSession:
     return construct(
         AdkSession,
@@ -416,13 +428,22 @@ class DurableSessionService(BaseSessionService):
         found = await self.store.list(
             Filter(org_id, user_id=user_id, app_name=app_name, with_state=True)
         )
-        sessions = []
+        listed = []
         prefixes: dict[tuple[str, str], str] = {}
         for stored in found:
             session_id = _adk_session_id(stored, prefixes)
             if session_id is not None:
-                sessions.append(_to_adk(stored, session_id, [], _update_time(stored, None)))
-        sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
+                updated = stored.updated_at.timestamp()  # _update_time without events
+                listed.append((updated, stored.user_id, session_id, stored))
+        listed.sort(key=_listing_order)
+        make = _make_session
+        sessions = [
+            make(
+                (session_id, stored.app_name, user, stored.state, [], updated),
+                f"{_MARKER_PREFIX}{stored.version}:{stored.incarnation}:{org_id}",  # _marker
+            )
+            for updated, user, session_id, stored in listed
+        ]
         return construct(ListSessionsResponse, {"sessions": sessions})
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:

@@ -251,12 +251,16 @@ def _digits(value: int) -> str:
         return "9" * 5000
 
 
+_SHARED_AS_IS = frozenset({str, int, bool, type(None)})
+"""Immutable values ``copy_json`` returns as they are without a call of its own."""
+
+
 def copy_json(value: Any) -> Any:
     """Deep-copy a JSON value (much faster than ``copy.deepcopy`` for plain data)."""
     if isinstance(value, dict):
-        return {k: copy_json(v) for k, v in value.items()}
+        return {k: v if type(v) in _SHARED_AS_IS else copy_json(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [copy_json(v) for v in value]
+        return [v if type(v) in _SHARED_AS_IS else copy_json(v) for v in value]
     if isinstance(value, float) and value == 0:
         return 0.0  # -0.0 becomes 0.0, as every SQL backend stores it
     return value

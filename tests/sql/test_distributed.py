@@ -305,6 +305,12 @@ async def test_reads_bound_on_the_org_plan_as_the_correlated_ones_did(
     async with raw_pg(backend_url) as conn:
         await conn.execute(SEED)
     q = PostgresStatements(OPS, DIALECT)
+    listed = (
+        select(*META, S.c.state)
+        .where(S.c.org_id == bindparam("k_org"))
+        .order_by(S.c.updated_at.desc(), S.c.id.desc())
+        .subquery("listed")
+    )
     correlated = [
         S.c.state,
         q._user_agg(S.c.org_id, S.c.app_name, S.c.user_id),
@@ -317,9 +323,8 @@ async def test_reads_bound_on_the_org_plan_as_the_correlated_ones_did(
             {"k_org": "org7", "k_id": "s77"},
         ),
         (
-            select(*META, *correlated)
-            .where(S.c.org_id == bindparam("k_org"))
-            .order_by(S.c.updated_at.desc(), S.c.id.desc()),
+            # list reads each owner's shared state once (with_owner_state), correlated or not
+            q.with_owner_state(listed, listed.c.org_id),
             q.list_query(False, False, False, False, True),
             {"k_org": "org7"},
         ),

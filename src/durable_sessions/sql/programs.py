@@ -17,7 +17,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from ..errors import SessionNotFoundError, StaleSessionError
 from ..model import Event, Session
 from ..prepare import RECREATED, check_counters, check_shared_deletes, merge_state
-from ..state import ScopedDelta
+from ..state import APP_PREFIX, USER_PREFIX, ScopedDelta, copy_json
 from .runner import Mode, Program, Query
 from .statements import Retention, Statements
 
@@ -28,6 +28,7 @@ __all__ = [
     "event_from_row",
     "session_from_row",
     "session_with_state",
+    "sessions_with_state",
     "shared_items",
 ]
 
@@ -51,8 +52,13 @@ def shared_items(user: dict[str, Any] | None, app: dict[str, Any] | None) -> tup
     return (user or {}).items(), (app or {}).items()
 
 
-def session_from_row(row: Any, state: dict[str, Any] | None = None) -> Session:
-    """A session from a row of ``META`` columns, with ``state`` as read (or none)."""
+def session_from_row(
+    row: Any, state: dict[str, Any] | None = None, persisted: dict[str, Any] | None = None
+) -> Session:
+    """A session from a row of ``META`` columns, with ``state`` as read (or none).
+
+    ``persisted``, when given, is the snapshot of ``state`` as stored (a copy that shares
+    no mutable value with ``state``); otherwise one is made."""
     session = Session(
         id=row.id,
         org_id=row.org_id,
@@ -68,7 +74,9 @@ def session_from_row(row: Any, state: dict[str, Any] | None = None) -> Session:
         parent_id=row.parent_id,
         incarnation=row.incarnation,
     )
-    if state is not None:
+    if persisted is not None:
+        session._persisted = persisted
+    elif state is not None:
         session.mark_persisted()
     return session
 
@@ -78,6 +86,61 @@ def session_with_state(row: Any) -> Session:
     return session_from_row(
         row, merge_state(row.state, *shared_items(row.user_state, row.app_state))
     )
+
+
+class _Shared:
+    """One owner's ``user:`` or ``app:`` state in a listing: prefixed once for all its
+    sessions, and copied for each only where a value is mutable."""
+
+    __slots__ = ("items", "plain", "snapshot")
+
+    def __init__(self, prefix: str, stored: dict[str, Any]) -> None:
+        self.items = {prefix + key: value for key, value in stored.items()}
+        # Strings, numbers, booleans and null can be shared by every session of the
+        # listing; lists and objects are copied for each (a session's state is its own).
+        self.plain = all(type(value) in _IMMUTABLE for value in self.items.values())
+        # The stored snapshot (``Session._persisted``) is only ever read or replaced, never
+        # changed in place: one copy serves every session of the owner.
+        self.snapshot = self.items if self.plain else copy_json(self.items)
+
+    def fresh(self) -> dict[str, Any]:
+        """The items for one more session's state."""
+        return self.items if self.plain else copy_json(self.items)
+
+
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
+
+
+def sessions_with_state(rows: builtins.list[Any]) -> builtins.list[Session]:
+    """Sessions from the rows of a ``list_query`` with state: each row's private state,
+    and its owner's shared state, given as JSON text by the row that carries it (or by
+    every row, when the listing has one owner) and decoded once per distinct text."""
+    decoded: dict[tuple[str, str], _Shared] = {}
+
+    def shared(prefix: str, text: str) -> _Shared:
+        found = decoded.get((prefix, text))
+        if found is None:
+            found = decoded[(prefix, text)] = _Shared(prefix, json.loads(text))
+        return found
+
+    users: dict[tuple[str, str], _Shared] = {}
+    apps: dict[str, _Shared] = {}
+    for row in rows:
+        owner = (row.app_name, row.user_id)
+        if owner not in users and row.user_state is not None:
+            users[owner] = shared(USER_PREFIX, row.user_state)
+        if row.app_name not in apps and row.app_state is not None:
+            apps[row.app_name] = shared(APP_PREFIX, row.app_state)
+    found = []
+    for row in rows:
+        state: dict[str, Any] = row.state  # decoded for this row alone: its own
+        persisted = copy_json(state)
+        for owners in (users[(row.app_name, row.user_id)], apps[row.app_name]):
+            if owners.items:
+                state.update(owners.fresh())
+                persisted.update(owners.snapshot)
+        found.append(session_from_row(row, state, persisted))
+    return found
 
 
 def event_from_row(row: Any) -> Event:
@@ -145,6 +208,16 @@ class Programs:
     def rows(stmt: Any, params: dict[str, Any], make: Any) -> Program[builtins.list[Any]]:
         """Every row of one statement, each passed through ``make``."""
         return [make(row) for row in (yield Query(stmt, params)).rows]
+
+    @staticmethod
+    def listing(
+        stmt: Any, params: dict[str, Any], with_state: bool
+    ) -> Program[builtins.list[Session]]:
+        """The sessions of a ``list_query``: metadata only, or with their state."""
+        rows = (yield Query(stmt, params)).rows
+        if with_state:
+            return sessions_with_state(rows)
+        return [session_from_row(row) for row in rows]
 
     def count(self, stmt: Any, params: dict[str, Any]) -> Program[int]:
         """The ``n`` of a counting statement."""

@@ -15,6 +15,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     delete,
     func,
     literal,
@@ -98,6 +99,12 @@ APPEND_ROOM = and_(
 
 BATCH = 500
 """Sessions deleted per transaction by purge and delete_user."""
+
+
+def _as_text(aggregate: Any) -> Any:
+    """A shared-state aggregate (a scalar subquery) as its JSON text, ``{}`` when there is
+    no key: decoded once per distinct text by ``sessions_with_state``, not once per row."""
+    return func.coalesce(cast(aggregate, Text), literal("{}", Text))
 
 
 class Retention(NamedTuple):
@@ -236,7 +243,7 @@ class Statements:
         in that order: a page of ``list_page``, which starts there along the index (a
         range, never an offset).
         """
-        columns = [*META, *self.state_columns()] if with_state else META
+        columns = [*META, S.c.state] if with_state else META
         query = select(*columns).where(S.c.org_id == bindparam("k_org"))
         if after:
             at = bindparam("k_after_at", type_=UTCDateTime)
@@ -249,7 +256,48 @@ class Statements:
         if parent:
             query = query.where(S.c.parent_id == bindparam("k_parent"))
         query = query.order_by(S.c.updated_at.desc(), S.c.id.desc())
-        return query.limit(bindparam("k_limit")) if limit else query
+        query = query.limit(bindparam("k_limit")) if limit else query
+        if not with_state:
+            return query
+        if user and app:  # one owner: its shared state is read once, by the bound names
+            org: Any = bindparam("k_org")
+            user_agg = self._user_agg(org, bindparam("k_app"), bindparam("k_user"))
+            app_agg = self._app_agg(org, bindparam("k_app"))
+            return query.add_columns(
+                _as_text(user_agg.element).label("user_state"),
+                _as_text(app_agg.element).label("app_state"),
+            )
+        return self.with_owner_state(query.subquery("listed"), fixed_app=app)
+
+    def with_owner_state(self, listed: Any, org: Any = None, *, fixed_app: bool = False) -> Any:
+        """The sessions of ``listed`` (a subquery of ``META`` and ``state`` columns) in
+        ``list``'s order, with their shared state read once per owner, not once per session.
+
+        ``user_state`` is set on one row of each (app, user) of the listing and
+        ``app_state`` on one row of each app, as JSON text (``{}`` when there is none);
+        both are NULL on the others, whose owner's state another row carries
+        (``sessions_with_state``). The numbering is over the listed rows only, after the
+        limit, so a page still reads only its own range of the index. With ``fixed_app``
+        (the listing is of the app ``:k_app``) the app's state is read once by that name and
+        set on every row. ``org`` is the organisation the shared-state subqueries are
+        filtered on (``:k_org``; see ``state_columns``).
+        """
+        org = bindparam("k_org") if org is None else org
+        owner = func.row_number().over(partition_by=[listed.c.app_name, listed.c.user_id])
+        user_agg = self._user_agg(org, listed.c.app_name, listed.c.user_id).element
+        user_state = case((owner == 1, _as_text(user_agg)))
+        if fixed_app:
+            app_state = _as_text(self._app_agg(org, bindparam("k_app")).element)
+        else:
+            app = func.row_number().over(partition_by=[listed.c.app_name])
+            app_agg = self._app_agg(org, listed.c.app_name).element
+            app_state = case((app == 1, _as_text(app_agg)))
+        return select(
+            *[listed.c[col.name] for col in META],
+            listed.c.state,
+            user_state.label("user_state"),
+            app_state.label("app_state"),
+        ).order_by(listed.c.updated_at.desc(), listed.c.id.desc())
 
     def retention(self, kind: str) -> Retention:
         """The statements of a batched delete: ``purge`` (by age) or ``delete_user``."""

@@ -46,8 +46,6 @@ from .programs import (
     Job,
     Programs,
     event_from_row,
-    session_from_row,
-    session_with_state,
     shared_items,
 )
 from .runner import make_runner
@@ -312,8 +310,8 @@ class SQLStore:
             "k_org": filter.org_id, "k_user": filter.user_id, "k_app": filter.app_name,
             "k_parent": filter.parent_id, "k_limit": filter.limit,
         }  # fmt: skip
-        make = session_with_state if filter.with_state else session_from_row
-        return await self._runner.run(self._programs.rows(stmt, params, make), "read", "list")
+        program = self._programs.listing(stmt, params, filter.with_state)
+        return await self._runner.run(program, "read", "list")
 
     async def list_page(self, filter: Filter, *, cursor: str | None = None) -> Page:
         """Return one page of ``list`` after ``cursor``: one statement, a range of the
@@ -335,8 +333,8 @@ class SQLStore:
             "k_after_at": position[0] if position else None,
             "k_after_id": position[1] if position else None,
         }  # fmt: skip
-        make = session_with_state if filter.with_state else session_from_row
-        found = await self._runner.run(self._programs.rows(stmt, params, make), "read", "list")
+        program = self._programs.listing(stmt, params, filter.with_state)
+        found = await self._runner.run(program, "read", "list")
         return make_page(filter, found, size)
 
     async def append_event(

@@ -1096,6 +1096,45 @@ class StoreContract:
             assert session.state == (await store.get(ORG, session.id)).state
         assert all(s.state == {} for s in await store.list(Filter(ORG, user_id=USER)))
 
+    async def test_list_with_state_gives_every_session_of_many_owners_its_own_state(
+        self, manager: Manager, store: Store
+    ) -> None:
+        other_app = Manager(store, app_name=OTHER_APP)
+        for app in (manager, other_app):
+            for user in (USER, OTHER_USER):
+                for n in range(2):
+                    state = {"n": n, "user:u": {"who": [user]}, "app:a": app.app_name}
+                    await app.create(ORG, user, state=state)
+        await manager.create(ORG, "nobody-shares")  # an owner with no shared state
+        await other_app.create(OTHER_ORG, USER, state={"user:u": "elsewhere", "app:a": 0})
+        filters = [
+            Filter(ORG, with_state=True),
+            Filter(ORG, user_id=USER, with_state=True),
+            Filter(ORG, app_name=APP, with_state=True),
+            Filter(ORG, user_id=USER, app_name=APP, with_state=True),
+            Filter(ORG, limit=3, with_state=True),
+            Filter(ORG, app_name=OTHER_APP, limit=1, with_state=True),
+        ]
+        for filter in filters:
+            listed = await store.list(filter)
+            assert listed
+            for session in listed:
+                assert session.state == (await store.get(ORG, session.id)).state
+            # A session's state is its own: a nested value changed in one is in no other.
+            shared = [s for s in listed if "user:u" in s.state]
+            if shared:
+                shared[0].state["user:u"]["who"].append("changed")
+                assert all("changed" not in s.state["user:u"]["who"] for s in shared[1:])
+        # A listed copy saves what changed in it, a nested shared value changed in place too.
+        first, second = await store.list(Filter(ORG, user_id=USER, app_name=APP, with_state=True))
+        first.state["user:u"]["who"].append("saved")
+        first.set("n", 99)
+        await manager.save(first)
+        await manager.save(second)  # nothing changed in it: writes nothing of the first's
+        got = await manager.get(ORG, second.id)
+        assert got.state["user:u"] == {"who": [USER, "saved"]}
+        assert (await manager.get(ORG, first.id)).state["n"] == 99
+
     # -- transcript edits: truncate_events --------------------------------------------------------
 
     async def test_truncate_events_removes_the_tail_and_returns_it_oldest_first(

@@ -308,3 +308,9 @@ class Programs:
         """Remove the events after ``k_after_seq``: jobs to try in turn until one returns
         the removed events (a job that returns None lost a race and leaves the next)."""
         raise NotImplementedError
+
+    def pop(self, params: dict[str, Any]) -> builtins.list[Job[builtins.list[Event] | None]]:
+        """Remove the newest event: jobs to try in turn until one returns the removed events
+        (``[]`` when there was none; a job that returns None lost a race and leaves the
+        next)."""
+        raise NotImplementedError

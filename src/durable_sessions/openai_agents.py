@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
+from itertools import repeat
 from typing import Any
 
 try:
@@ -180,6 +181,8 @@ class DurableSession(SessionABC):
             )
         except SessionNotFoundError:
             return []
+        if all(map(isinstance, contents, repeat(dict))):  # items only, as this adapter stores
+            return contents
         return [c if isinstance(c, dict) else _foreign_item(c) for c in contents]  # type: ignore[misc]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:

@@ -458,6 +458,34 @@ class InMemoryStore:
         meta.version += 1
         return [self._copy_event(e) for e in removed]
 
+    async def pop_event(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        expected_version: int | None = None,
+        incarnation: str | None = None,
+    ) -> Event | None:
+        """Remove the newest event and return it; None when there is none (see ``Store``)."""
+        check_session(org_id, session_id)
+        check_expected(expected_version)
+        record = self._live(org_id, session_id, incarnation, expected_version or 0)
+        if expected_version is not None and record.meta.version != expected_version:
+            raise StaleSessionError(org_id, session_id, expected_version)
+        check_counters(org_id, session_id, (0, 0, record.meta.version), 0, 0)
+        if not record.events:
+            return None
+        # No await in between: the same atomic step as the read of the newest event.
+        after_seq = record.events[-1].seq - 1
+        (removed,) = await self.truncate_events(
+            org_id,
+            session_id,
+            after_seq=after_seq,
+            expected_version=expected_version,
+            incarnation=incarnation,
+        )
+        return removed
+
     async def list_event_contents(
         self, org_id: str, session_id: str, *, limit: int | None = None
     ) -> builtins.list[Any]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
+from itertools import repeat
 from typing import Any
 
 try:
@@ -38,7 +39,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from .context import current_org_id
-from .errors import SessionExistsError, SessionNotFoundError, StaleSessionError
+from .errors import SessionExistsError, SessionNotFoundError
 from .model import Event, Session, derive_title
 from .state import MAX_ID_BYTES, MAX_ID_LENGTH, validate_id
 from .store import Store, check_after_seq
@@ -124,9 +125,10 @@ class DurableSession(SessionABC):
 
     Every operation is one store call, atomic on every store: ``get_items`` is one read,
     ``add_items`` appends its whole batch with consecutive positions (concurrent calls
-    never interleave inside a batch and never lose an item), ``pop_item`` removes the
-    newest item only if nothing was appended meanwhile, ``clear_session`` empties the
-    transcript and keeps the session (its title, counters' history and state).
+    never interleave inside a batch and never lose an item), ``pop_item`` finds and removes
+    the newest item in one atomic step (never an item appended meanwhile in its place),
+    ``clear_session`` empties the transcript and keeps the session (its title, counters'
+    history and state).
 
     Args:
         session_id: The conversation id: the durable session's id.
@@ -184,6 +186,8 @@ class DurableSession(SessionABC):
             )
         except SessionNotFoundError:
             return []
+        if all(map(isinstance, contents, repeat(dict))):  # items only, as this adapter stores
+            return contents
         return [c if isinstance(c, dict) else _foreign_item(c) for c in contents]  # type: ignore[misc]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
@@ -229,28 +233,15 @@ class DurableSession(SessionABC):
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the newest item, or None when there is none.
 
-        The removal is guarded by the session's version: if anything was written between
-        reading the newest item and removing it, nothing is removed and it is tried again,
-        so a concurrent append is never removed in its place.
+        One store call (``Store.pop_event``): the newest item is found and removed in the
+        same atomic operation, so a concurrent append is never removed in its place, and
+        two concurrent pops each remove an item of their own.
         """
-        org_id = self._org()
-        while True:
-            try:
-                held = await self.store.get_with_events(org_id, self.session_id, limit=1)
-                if not held.events:
-                    return None
-                removed = await self.store.truncate_events(
-                    org_id,
-                    self.session_id,
-                    after_seq=held.events[-1].seq - 1,
-                    expected_version=held.version,
-                    incarnation=held.incarnation,
-                )
-            except SessionNotFoundError:
-                return None
-            except StaleSessionError:
-                continue  # written meanwhile: read the newest item again
-            return _to_item(removed[0])
+        try:
+            removed = await self.store.pop_event(self._org(), self.session_id)
+        except SessionNotFoundError:
+            return None
+        return None if removed is None else _to_item(removed)
 
     async def clear_session(self) -> None:
         """Remove every item; the durable session (title, state, id) stays."""

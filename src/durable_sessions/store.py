@@ -326,6 +326,29 @@ class Store(Protocol):
         """
         ...
 
+    async def pop_event(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        expected_version: int | None = None,
+        incarnation: str | None = None,
+    ) -> Event | None:
+        """Remove the newest event, atomically, and return it; None when there is none.
+
+        What ``truncate_events(after_seq=newest.seq - 1)`` does, with the newest event found
+        in the same atomic operation: a concurrent append is never removed in its place, and
+        each of two concurrent pops removes its own event. Counters, seq and version move as
+        there. An empty transcript writes nothing (the guards are still checked).
+        ``expected_version`` and ``incarnation`` guard the write as in ``append_event``.
+
+        Raises:
+            SessionNotFoundError: no such session in that organisation.
+            StaleSessionError: ``expected_version`` or ``incarnation`` does not match;
+                nothing is removed.
+        """
+        ...
+
     async def list_event_contents(
         self, org_id: str, session_id: str, *, limit: int | None = None
     ) -> builtins.list[Any]:

@@ -91,7 +91,7 @@ def test_every_statement_distributed_mode_can_run_is_routed_to_one_worker(
     assert not [sql for sql in compiled if sql.lstrip().upper().startswith("WITH")]
     # Every step of every write, the shared-state read and the locks are among them.
     for attribute in ("insert_session", "upsert_user", "upsert_app", "insert_event",
-                      "copy_events", "update", "append_private", "truncate_session",
+                      "copy_events", "update", "append_private", "truncate_session", "newest_seq",
                       "delete_user_keys", "delete_app_keys", "parent", "lock_session",
                       "shared", "get", "touch", "lock_timeout"):  # fmt: skip
         assert getattr(q, attribute).sql in compiled, attribute
@@ -102,7 +102,12 @@ def test_the_rules_refuse_what_citus_cannot_route() -> None:
     """The check is not vacuous: the one-statement writes of plain Postgres mode, and the
     shared-state subqueries correlated on ``ds_sessions.org_id``, are refused."""
     q = PostgresStatements(OPS, DIALECT)
-    for statement in (q._pg_fork(), q._pg_append_many(), q._pg_truncate()):
+    for statement in (
+        q._pg_fork(),
+        q._pg_append_many(),
+        q._pg_truncate(),
+        q._pg_truncate(pop=True),
+    ):
         assert any("data-modifying CTE" in v for v in violations(statement))
     correlated = select(
         *META,
@@ -148,8 +153,9 @@ def test_every_distributed_write_is_one_transaction() -> None:
         programs.append_many(dict(key), [Event("user")], ScopedDelta()),
         programs.fork(key),
         *programs.truncate(key),
+        *programs.pop(dict(key)),
     ]
-    assert [job.mode for job in jobs] == ["write"] * 6
+    assert [job.mode for job in jobs] == ["write"] * 7
     assert programs.delete({**key, "k_app": None, "k_user": None}).mode == "atomic"
     for job in jobs:
         job.program.close()
@@ -171,6 +177,8 @@ async def _every_operation(store: SQLStore, manager: Manager) -> None:
     await store.touch("org", session.id, messages=1, tokens=1, title="t")
     child = await manager.fork("org", session.id, with_events=True)
     await store.truncate_events("org", child.id, after_seq=1)
+    assert await store.pop_event("org", child.id) is not None
+    assert await store.pop_event("org", child.id) is None
     await manager.list(Filter("org", user_id="alice", with_state=True, limit=5))
     await manager.list_page(Filter("org", limit=1))
     await store.get_shared_state("org", "app", "alice")

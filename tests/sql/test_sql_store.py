@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime
 from typing import Any
@@ -233,3 +234,52 @@ async def test_a_shared_engine_is_not_disposed_by_the_store(sqlite_url: str) -> 
             assert (await conn.execute(text("SELECT 1"))).scalar() == 1
     finally:
         await engine.dispose()
+
+
+def test_a_transcript_decode_pauses_the_collector_and_restores_it() -> None:
+    """``loads_document`` decodes with the cyclic collector off, then leaves it as it was:
+    on after a decode that began with it on, off when it was off, and on only once the last
+    of several concurrent decodes (in threads) has ended."""
+    import gc
+    import threading
+
+    from durable_sessions.sql import programs
+
+    document = json.dumps([{"n": n, "l": [n, {"x": None}]} for n in range(2_000)])
+    seen: list[bool] = []
+    real_loads = json.loads
+
+    def spying_loads(text: str) -> Any:
+        seen.append(gc.isenabled())
+        return real_loads(text)
+
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        programs.json.loads = spying_loads  # type: ignore[attr-defined]
+        try:
+            assert programs.loads_document(document) == real_loads(document)
+            assert seen == [False]
+            assert gc.isenabled()
+            gc.disable()
+            programs.loads_document(document)
+            assert not gc.isenabled()
+            gc.enable()
+            start = threading.Barrier(4)
+
+            def decode() -> None:
+                start.wait()
+                for _ in range(20):
+                    programs.loads_document(document)
+
+            threads = [threading.Thread(target=decode) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert gc.isenabled()
+            assert not any(seen)
+        finally:
+            programs.json.loads = real_loads  # type: ignore[attr-defined]
+    finally:
+        (gc.enable if was else gc.disable)()

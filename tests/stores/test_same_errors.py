@@ -59,6 +59,14 @@ BAD_CALLS: dict[str, Call] = {
         "o", "s", Event("a", state_delta={"k": float("nan")})
     ),
     "append_event: bad tokens": lambda s: s.append_event("o", "s", Event("a", tokens=-1)),
+    "pop_event: empty org": lambda s: s.pop_event("", "s"),
+    "pop_event: id too long": lambda s: s.pop_event("o", LONG),
+    "pop_event: bad expected_version": lambda s: s.pop_event(
+        "o",
+        "s",
+        expected_version=-1,
+    ),
+    "pop_event: missing session": lambda s: s.pop_event("o", "missing"),
     "purge: empty org, negative period": lambda s: s.purge("", older_than=timedelta(-1)),
     "purge: negative period": lambda s: s.purge("o", older_than=timedelta(-1)),
     "purge: period too long": lambda s: s.purge("o", older_than=timedelta.max),

@@ -159,6 +159,7 @@ class PostgresStatements(PostgresShapes):
         self.pg_fork = c(self._pg_fork())
         self.pg_append_many = c(self._pg_append_many())
         self.pg_truncate = c(self._pg_truncate())
+        self.pg_pop = c(self._pg_truncate(pop=True))
 
     def _shared_writes(self, driver: CTE, *, deletes: bool = True) -> list[CTE]:
         """Upserts and deletes of shared keys, done only when ``driver`` returned its row.
@@ -292,7 +293,7 @@ class PostgresStatements(PostgresShapes):
         writes = self._shared_writes(moved, deletes=False)
         return select(moved.c.event_seq).add_cte(added.cte("added"), *writes)
 
-    def _pg_truncate(self) -> Any:
+    def _pg_truncate(self, *, pop: bool = False) -> Any:
         """Postgres: a truncation as one statement; the removed events come back as one
         jsonb array (as ``pg_get_with_events`` returns them), oldest first.
 
@@ -302,16 +303,32 @@ class PostgresStatements(PostgresShapes):
         ones, and the row lock held from then on keeps them so. No row back: no session,
         a failed guard, or such a race; run it again after ``pg_lock_session`` in one
         transaction, where it cannot lose the race.
+
+        With ``pop``, ``k_after_seq`` is the snapshot's newest seq less one (the newest
+        event goes), and nothing is written when there is none. The row then comes back
+        whenever the snapshot has the session: ``version`` NULL when nothing was written,
+        ``newest`` NULL when the transcript was empty.
         """
-        after = bindparam("k_after_seq", type_=BigInteger)
-        seen = select(S.c.version).where(SESSION_KEY).cte("seen").prefix_with("MATERIALIZED")
+        seen_columns: list[Any] = [S.c.version]
+        if pop:  # the snapshot's newest seq, read once
+            newest = select(func.max(events.c.seq)).where(EVENTS_KEY).scalar_subquery()
+            seen_columns.append(newest.label("newest"))
+        seen = select(*seen_columns).where(SESSION_KEY).cte("seen").prefix_with("MATERIALIZED")
+        after: Any = (
+            select(seen.c.newest).scalar_subquery() - 1
+            if pop
+            else bindparam("k_after_seq", type_=BigInteger)
+        )
         doomed = and_(EVENTS_KEY, events.c.seq > after)
         count = select(func.count()).where(doomed).scalar_subquery()
         tokens = select(func.coalesce(func.sum(events.c.tokens), 0)).where(doomed)
         zero = literal(0, BigInteger)
+        guard = [self.truncate_guard(), S.c.version == seen.c.version]
+        if pop:
+            guard.append(seen.c.newest.is_not(None))
         cut = (
             update(S)
-            .where(self.truncate_guard(), S.c.version == seen.c.version)
+            .where(*guard)
             .values(
                 event_seq=case((S.c.event_seq > after, after), else_=S.c.event_seq),
                 message_count=func.greatest(S.c.message_count - count, zero),
@@ -337,7 +354,10 @@ class PostgresStatements(PostgresShapes):
             .scalar_subquery()
             .label("events")
         )
-        return select(cut.c.version, transcript)
+        if not pop:
+            return select(cut.c.version, transcript)
+        written = select(cut.c.version).scalar_subquery().label("version")
+        return select(written, seen.c.newest, transcript).select_from(seen)
 
 
 class PostgresReads(Programs):
@@ -470,3 +490,25 @@ class PostgresPrograms(PostgresReads):
                 return None
             raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
         return [event_from_array(item) for item in row.events or ()]
+
+    def pop(self, params: dict[str, Any]) -> builtins.list[Job[builtins.list[Event] | None]]:
+        # One statement; a second, locked attempt only if a concurrent write landed while it
+        # ran, as for a truncation.
+        return [
+            Job(self._pop(params, locked=False), "atomic"),
+            Job(self._pop(params, locked=True), "write"),
+        ]
+
+    def _pop(self, params: dict[str, Any], *, locked: bool) -> Program[builtins.list[Event] | None]:
+        if locked:
+            yield Query(self.q.pg_lock_session, params)
+        row = (yield Query(self.q.pg_pop, params)).first()
+        if row is not None and row.version is not None:
+            return [event_from_array(item) for item in row.events or ()]
+        # Nothing written: no session, a failed guard, an empty transcript, or a race.
+        yield from self.check_guard(params)
+        if row is not None and row.newest is None:
+            return []  # the transcript was empty in the statement's snapshot
+        if not locked:
+            return None
+        raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)

@@ -109,6 +109,10 @@ class StepwiseStatements(Statements):
             delete(events).where(EVENTS_KEY, events.c.seq > after).returning(*EVENT_COLUMNS)
         )
         self.truncate_session = c(self._truncate_session())
+        # pop: the newest event's seq (a backward range of the key), then a truncation.
+        self.newest_seq = c(
+            select(events.c.seq).where(EVENTS_KEY).order_by(events.c.seq.desc()).limit(1)
+        )
 
     def _upsert(self, table: Table, keys: list[str]) -> Any:
         stmt = self.ops.insert(table).values(bound_row(table))
@@ -325,9 +329,11 @@ class StepwisePrograms(Programs):
     def truncate(self, params: dict[str, Any]) -> builtins.list[Job[builtins.list[Event] | None]]:
         return [Job(self._truncate(params), "write")]
 
-    def _truncate(self, params: dict[str, Any]) -> Program[builtins.list[Event] | None]:
+    def _truncate(
+        self, params: dict[str, Any], *, locked: bool = False
+    ) -> Program[builtins.list[Event] | None]:
         q = self.q
-        if self.row_locks:  # no append may land between the delete and the counters
+        if self.row_locks and not locked:  # no append may land between the delete and the counters
             yield Query(q.lock_session, params)
         rows = (yield Query(q.truncate_removed, params)).rows
         removed = sorted((event_from_row(row) for row in rows), key=lambda e: e.seq)
@@ -336,6 +342,19 @@ class StepwisePrograms(Programs):
             yield from self.check_guard({**params, "v_count": 0, "v_tokens": 0})
             raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
         return removed
+
+    def pop(self, params: dict[str, Any]) -> builtins.list[Job[builtins.list[Event] | None]]:
+        return [Job(self._pop(params), "write")]
+
+    def _pop(self, params: dict[str, Any]) -> Program[builtins.list[Event] | None]:
+        if self.row_locks:  # the newest event stays the newest until the transaction ends
+            yield Query(self.q.lock_session, params)
+        newest = (yield Query(self.q.newest_seq, params)).first()
+        if newest is None:  # an empty transcript (or no session): nothing is written
+            yield from self.check_guard(params)
+            return []
+        params["k_after_seq"] = int(newest.seq) - 1
+        return (yield from self._truncate(params, locked=True))
 
 
 def _event_row(org_id: str, session_id: str, seq: int, event: Event) -> dict[str, Any]:

@@ -571,6 +571,32 @@ class SQLStore:
                 return removed
         raise AssertionError("the last truncation job always answers")  # pragma: no cover
 
+    async def pop_event(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        expected_version: int | None = None,
+        incarnation: str | None = None,
+    ) -> Event | None:
+        """Remove the newest event and return it; None when there is none (see ``Store``).
+
+        One statement on Postgres (a second, locked attempt only if a concurrent write
+        landed while it ran); one write transaction on SQLite.
+        """
+        check_session(org_id, session_id)
+        check_expected(expected_version)
+        params: dict[str, Any] = {
+            "k_org": org_id, "k_id": session_id, "v_now": utcnow(),
+            "v_expected": expected_version, "v_incarnation": incarnation,
+        }  # fmt: skip
+        await self._ready("pop_event")
+        for job in self._programs.pop(params):
+            removed = await self._run(job, "pop_event")
+            if removed is not None:
+                return removed[0] if removed else None
+        raise AssertionError("the last pop job always answers")  # pragma: no cover
+
     async def list_event_contents(
         self, org_id: str, session_id: str, *, limit: int | None = None
     ) -> builtins.list[Any]:

@@ -1240,6 +1240,136 @@ class StoreContract:
         )
         assert [e.content for e in removed] == ["meanwhile"]
 
+    # -- transcript edits: pop_event ---------------------------------------------------------------
+
+    async def test_pop_event_removes_the_newest_event_as_a_truncation_would(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER, state={"p": 1})
+        appended = [
+            await store.append_event(
+                ORG, session.id, Event("user", content={"n": n}, state_delta={"k": n}, tokens=n)
+            )
+            for n in range(1, 4)
+        ]
+        before = await store.get(ORG, session.id)
+
+        popped = await store.pop_event(ORG, session.id)
+
+        assert popped == appended[2]
+        assert await seqs(store, ORG, session.id) == [1, 2]
+        after = await store.get(ORG, session.id)
+        assert (after.message_count, after.token_total) == (2, 1 + 2)
+        assert after.version == before.version + 1
+        assert after.updated_at >= before.updated_at
+        assert after.state == {"p": 1, "k": 3}  # applied deltas stay applied
+        assert await store.pop_event(ORG, session.id) == appended[1]
+        nxt = await store.append_event(ORG, session.id, Event("user", content="again", tokens=4))
+        assert nxt.seq == 2
+        assert await store.pop_event(ORG, session.id) == nxt
+        assert await store.pop_event(ORG, session.id) == appended[0]
+        emptied = await store.get(ORG, session.id)
+        assert (emptied.message_count, emptied.token_total) == (0, 0)
+        assert (await store.append_event(ORG, session.id, Event("user"))).seq == 1
+
+    async def test_pop_event_of_an_empty_transcript_returns_none_and_writes_nothing(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER, title="Kept")
+        assert await store.pop_event(ORG, session.id) is None
+        await store.append_event(ORG, session.id, Event("user", content="x", tokens=2))
+        assert (await store.pop_event(ORG, session.id)).content == "x"  # type: ignore[union-attr]
+        held = await store.get(ORG, session.id)
+        assert await store.pop_event(ORG, session.id) is None
+        assert await store.pop_event(ORG, session.id, expected_version=held.version) is None
+        after = await store.get(ORG, session.id)
+        assert (after.version, after.updated_at, after.title) == (
+            held.version,
+            held.updated_at,
+            "Kept",
+        )
+
+    async def test_pop_event_round_trips_the_event_exactly(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        content = {"n": 1, "f": 1.0, "e": 1e16, "big": 2**62, "text": 'ünï "q" 🚀', "z": None}
+        stored = await store.append_event(
+            ORG,
+            session.id,
+            Event("model", content=content, invocation_id="inv", state_delta={"a": [1]}),
+        )
+        popped = await store.pop_event(ORG, session.id)
+        assert popped == stored
+        assert popped is not None
+        assert json.dumps(popped.content, sort_keys=True) == json.dumps(content, sort_keys=True)
+        assert type(popped.content["e"]) is float
+
+    async def test_pop_event_of_a_missing_session_or_another_org_raises(
+        self, manager: Manager, store: Store
+    ) -> None:
+        a, b = await _twins(manager)
+        for session in (a, b):
+            await store.append_event(session.org_id, session.id, Event("user", content="x"))
+        with pytest.raises(SessionNotFoundError):
+            await store.pop_event(ORG, "missing")
+        with pytest.raises(SessionNotFoundError):
+            await store.pop_event("org-c", a.id)
+        assert (await store.pop_event(OTHER_ORG, b.id)) is not None
+        assert await seqs(store, ORG, a.id) == [1]  # the same id in ORG is untouched
+        assert (await store.get(ORG, a.id)).message_count == 1
+        with pytest.raises(InvalidArgumentError):
+            await store.pop_event("", a.id)
+
+    async def test_pop_event_can_require_the_version_and_life_the_caller_holds(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        await store.append_event(ORG, session.id, Event("user", content="first"))
+        held = await store.get(ORG, session.id)
+        await store.append_event(ORG, session.id, Event("user", content="meanwhile"))
+        with pytest.raises(StaleSessionError):
+            await store.pop_event(ORG, session.id, expected_version=held.version)
+        with pytest.raises(StaleSessionError):
+            await store.pop_event(ORG, session.id, incarnation="another life")
+        assert await seqs(store, ORG, session.id) == [1, 2]
+        current = await store.get(ORG, session.id)
+        popped = await store.pop_event(
+            ORG, session.id, expected_version=current.version, incarnation=current.incarnation
+        )
+        assert popped is not None
+        assert popped.content == "meanwhile"
+
+    async def test_concurrent_pops_and_appends_lose_and_duplicate_nothing(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        await store.append_events(
+            ORG, session.id, [Event("user", content=["seed", n], tokens=1) for n in range(12)]
+        )
+        popped: list[Any] = []
+
+        async def popper() -> None:
+            for _ in range(5):
+                event = await store.pop_event(ORG, session.id)
+                if event is not None:
+                    popped.append(event.content)
+
+        async def appender(task: int) -> None:
+            for i in range(4):
+                await store.append_event(
+                    ORG, session.id, Event("user", content=[task, i], tokens=1)
+                )
+
+        await asyncio.gather(*(popper() for _ in range(3)), *(appender(t) for t in range(2)))
+        left = [e.content for e in await store.list_events(ORG, session.id)]
+        everything = [["seed", n] for n in range(12)] + [[t, i] for t in range(2) for i in range(4)]
+        assert sorted(map(json.dumps, popped + left)) == sorted(map(json.dumps, everything))
+        events = await store.list_events(ORG, session.id)
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        stored = await store.get(ORG, session.id)
+        assert (stored.message_count, stored.token_total) == (len(events), len(events))
+
     async def test_manager_truncate_events_keeps_the_held_session_current(
         self, manager: Manager, store: Store
     ) -> None:

@@ -959,9 +959,10 @@ class StoreContract:
         kept = await manager.create(ORG, USER)
         other_org = await manager.create(OTHER_ORG, USER)
         await store.append_event(ORG, old[0], Event(author="user"))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(1.5)
         await manager.touch(kept)
-        cutoff = timedelta(milliseconds=200)
+        # Wide margins: a loaded machine may take most of a second between touch and purge.
+        cutoff = timedelta(seconds=1)
 
         assert await manager.purge(ORG, older_than=cutoff, dry_run=True) == 2
         assert len(await manager.list(Filter(ORG))) == 3

@@ -214,7 +214,11 @@ def to_json(value: Any) -> str:
     """
     if _has_integral_float(value):
         return _encode(value)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _COMPACT.encode(value)
+
+
+# One encoder, made once: json.dumps with arguments builds a new one on every call.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def _is_exponent_integral(value: float) -> bool:
@@ -224,12 +228,21 @@ def _is_exponent_integral(value: float) -> bool:
 
 
 def _has_integral_float(value: Any) -> bool:
-    if isinstance(value, float):
-        return _is_exponent_integral(value)
-    if isinstance(value, dict):
-        return any(_has_integral_float(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_integral_float(v) for v in value)
+    # Iterative, and strings (most of any content) skipped first: this runs on every value
+    # written, so it is a loop over a stack rather than recursive generators.
+    stack = [value]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        item = pop()
+        if type(item) is str:
+            continue
+        if isinstance(item, float):
+            if _is_exponent_integral(item):
+                return True
+        elif isinstance(item, dict):
+            extend(item.values())
+        elif isinstance(item, list):
+            extend(item)
     return False
 
 

@@ -2,8 +2,9 @@
 
 A new deployment starts on empty tables and serves traffic from its first session: each
 pooled connection prepares the store's statements (asyncpg keeps them, and Postgres a plan
-for each) while the tables hold a handful of rows. This benchmark fills three databases
-that way, through the public API only, and then times the hot paths on each, interleaved:
+for each) while the tables hold a handful of rows. This benchmark fills databases
+that way (one per state below), through the public API only, and then times the hot
+paths on each, interleaved:
 
 - ``fresh``: never analysed (autovacuum off for its tables), as a deploy fills before
   autovacuum first looks at it;
@@ -13,10 +14,16 @@ that way, through the public API only, and then times the hot paths on each, int
   table after about 50 changes), not since;
 - ``analyzed``: analysed once filled (which also makes every connection plan again).
 
-Each op runs against the three in turn, round after round; the report gives each state's
+Each op runs against every state in turn, round after round; the report gives each state's
 throughput as a ratio of ``analyzed``'s in the same round (the median over rounds). With
 ``--explain`` it also prints, per state and op, the scans of the plans the connections
-actually use (``auto_explain`` loaded into each pooled connection after the timing).
+use right after the fill (``auto_explain`` loaded into each pooled connection, then off).
+
+asyncpg keeps a prepared statement ``--statement-lifetime`` seconds (its
+``max_cached_statement_lifetime``); the default here, 0, keeps each for the connection's
+life, as Postgres keeps the plan of its foreign-key check of each event insert whatever
+asyncpg does. With asyncpg's own default (300) the store's statements are prepared, and
+planned, again every five minutes, and a run this long mixes both.
 
     python -m benchmarks.fresh_plans --backend all
 """
@@ -56,8 +63,9 @@ def _state(worker: int, i: int) -> dict[str, Any]:
 class Filled:
     """One database of one state, filled from empty through the public API."""
 
-    def __init__(self, backend: str, state: str, tmpdir: Path) -> None:
+    def __init__(self, backend: str, state: str, tmpdir: Path, lifetime: float) -> None:
         self.state = state
+        self.lifetime = lifetime
         self.db = Database(backend, f"fresh_{state}", tmpdir)
         self.engine: AsyncEngine | None = None
         self.store: SQLStore | None = None
@@ -66,7 +74,13 @@ class Filled:
 
     async def open(self) -> None:
         await self.db.create()
-        self.engine = create_async_engine(self.db.url, pool_size=POOL, max_overflow=0)
+        args = {"max_cached_statement_lifetime": self.lifetime}
+        self.engine = create_async_engine(
+            self.db.url,
+            pool_size=POOL,
+            max_overflow=0,
+            connect_args=args if self.db.backend == "postgres" else {},
+        )
         self.store = SQLStore(self.engine)
         await self.store.migrate()
         self.manager = Manager(self.store, app_name=APP)
@@ -178,36 +192,55 @@ async def _rate(op: Op, ops: int, start: int, concurrency: int) -> float:
     return ops / (time.perf_counter() - t0)
 
 
+async def _each_connection(engine: AsyncEngine, *settings: str) -> list[Any]:
+    """Run ``settings`` on every pooled connection; return the asyncpg connections."""
+    conns = [await engine.connect() for _ in range(POOL)]
+    raws = []
+    try:
+        for conn in conns:
+            raw: Any = (await conn.get_raw_connection()).driver_connection
+            for setting in settings:
+                await raw.execute(setting)
+            raws.append(raw)
+    finally:
+        for conn in conns:
+            await conn.close()
+    return raws
+
+
 async def _plans(filled: Filled, ops: dict[str, Op]) -> dict[str, list[str]]:
     """The scans of the plans each op uses on the pooled connections (Postgres)."""
     assert filled.engine is not None
     messages: list[str] = []
-    conns = [await filled.engine.connect() for _ in range(POOL)]
-    try:
-        for conn in conns:
-            raw: Any = (await conn.get_raw_connection()).driver_connection
-            raw.add_log_listener(lambda _c, m: messages.append(m.message))
-            for setting in (
-                "LOAD 'auto_explain'",
-                "SET auto_explain.log_min_duration = 0",
-                "SET auto_explain.log_nested_statements = on",
-                "SET auto_explain.log_level = notice",
-            ):
-                await raw.execute(setting)
-    finally:
-        for conn in conns:
-            await conn.close()
+
+    def listen(_conn: Any, message: Any) -> None:
+        messages.append(message.message)
+
+    raws = await _each_connection(
+        filled.engine,
+        "LOAD 'auto_explain'",
+        "SET auto_explain.log_min_duration = 0",
+        "SET auto_explain.log_nested_statements = on",
+        "SET auto_explain.log_level = notice",
+    )
+    for raw in raws:
+        raw.add_log_listener(listen)
     found: dict[str, list[str]] = {}
-    for name, op in ops.items():
-        messages.clear()
-        await asyncio.gather(*(op(10_000_000 + i) for i in range(POOL)))
-        scans = {
-            re.sub(r"\s+\(cost.*", "", line.strip().removeprefix("->").strip())
-            for message in messages
-            for line in message.splitlines()
-            if " on ds_" in line and "Scan" in line
-        }
-        found[name] = sorted(scans)
+    try:
+        for name, op in ops.items():
+            messages.clear()
+            await asyncio.gather(*(op(10_000_000 + i) for i in range(POOL)))
+            scans = {
+                re.sub(r"\s+\(cost.*", "", line.strip().removeprefix("->").strip())
+                for message in messages
+                for line in message.splitlines()
+                if " on ds_" in line and "Scan" in line
+            }
+            found[name] = sorted(scans)
+    finally:
+        for raw in raws:
+            raw.remove_log_listener(listen)
+        await _each_connection(filled.engine, "SET auto_explain.log_min_duration = -1")
     return found
 
 
@@ -220,12 +253,14 @@ async def run(
     ops: int,
     concurrency: int,
     explain: bool,
+    lifetime: float,
 ) -> dict[str, Any]:
     """Fill one database per state, then time each op on each state in turn, per round."""
     if "analyzed" not in states:
         states = [*states, "analyzed"]
     tmpdir = new_tmpdir()
-    opened = [Filled(backend, state, tmpdir) for state in states]
+    opened = [Filled(backend, state, tmpdir, lifetime) for state in states]
+    plans: dict[str, dict[str, list[str]]] = {}
     try:
         for filled in opened:
             await filled.open()
@@ -233,6 +268,8 @@ async def run(
             await filled.fill(sessions, early)
             print(f"{backend} {filled.state}: filled in {time.perf_counter() - t0:.1f} s",
                   file=sys.stderr)  # fmt: skip
+            if explain and backend == "postgres":
+                plans[filled.state] = await _plans(filled, filled.ops())
         by_state = {filled.state: filled.ops() for filled in opened}
         names = list(by_state["analyzed"])
         rates: dict[str, dict[str, list[float]]] = {
@@ -245,7 +282,13 @@ async def run(
                     rate = await _rate(by_state[state][name], ops, start, concurrency)
                     rates[name][state].append(rate)
             print(f"{backend}: round {r + 1}/{rounds}", file=sys.stderr)
-        result: dict[str, Any] = {"backend": backend, "states": states, "ops": {}}
+        result: dict[str, Any] = {
+            "backend": backend,
+            "states": states,
+            "sessions": sessions,
+            "statement_lifetime": lifetime,
+            "ops": {},
+        }
         for name in names:
             per = rates[name]
             base = per["analyzed"]
@@ -257,8 +300,8 @@ async def run(
                     if s != "analyzed"
                 },
             }
-        if explain and backend == "postgres":
-            result["plans"] = {f.state: await _plans(f, by_state[f.state]) for f in opened}
+        if plans:
+            result["plans"] = plans
         return result
     finally:
         for filled in opened:
@@ -279,7 +322,7 @@ def report(results: list[dict[str, Any]]) -> str:
             lines.append(f"| {result['backend']} | {name} | {ratios} | {rate:,.0f} |")
     for result in results:
         for state, plans in result.get("plans", {}).items():
-            lines.append(f"\n{result['backend']} {state}:")
+            lines.append(f"\n{result['backend']} {state}, right after the fill:")
             for name, scans in plans.items():
                 lines.append(f"  {name}: {'; '.join(scans)}")
     return "\n".join(lines)
@@ -296,7 +339,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (5)")
     parser.add_argument("--ops", type=int, default=400, help="ops per op, state and round")
     parser.add_argument("--concurrency", type=int, default=4, help="ops at once (4)")
-    parser.add_argument("--explain", action="store_true", help="print the plans in use")
+    parser.add_argument(
+        "--explain", action="store_true", help="print the plans in use after the fill"
+    )
+    parser.add_argument(
+        "--statement-lifetime",
+        type=float,
+        default=0,
+        help="asyncpg's max_cached_statement_lifetime, seconds (0: the connection's life)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     backends = ["sqlite", "postgres"] if args.backend == "all" else [args.backend]
@@ -306,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     results = [
         asyncio.run(
             run(b, states, args.sessions, args.early, args.rounds, args.ops, args.concurrency,
-                args.explain)
+                args.explain, args.statement_lifetime)
         )
         for b in backends
     ]  # fmt: skip

@@ -43,6 +43,12 @@ SQLITE_SEARCH_TRIGGERS = {"ds_events_fts_insert", "ds_events_fts_delete", "ds_ev
 PG_SEARCH_FUNCTIONS = {"ds_search_text", "ds_search_words", "ds_search_vector", "ds_search_query"}
 PG_SEARCH_INDEX = "ix_ds_events_search"
 INDEXES = {
+    "ix_ds_sessions_user_org_updated",
+    "ix_ds_sessions_org_updated",
+    "ix_ds_user_state_org_user",
+}
+# Revision 0001's; 0005 makes the user index lead with user_id, under a new name.
+INDEXES_0001 = {
     "ix_ds_sessions_org_user_updated",
     "ix_ds_sessions_org_updated",
     "ix_ds_user_state_org_user",
@@ -131,7 +137,7 @@ def test_script_location_and_head() -> None:
     assert (location / "env.py").is_file()
     assert (location / "script.py.mako").is_file()
     assert (location / "versions" / "0001_initial.py").is_file()
-    assert head() == "0004"
+    assert head() == "0005"
 
 
 def test_revisions_are_frozen_snapshots() -> None:
@@ -174,16 +180,17 @@ async def test_upgrade_downgrade_upgrade(db_engine: AsyncEngine) -> None:
     assert await current(db_engine) is None
     assert await is_current(db_engine) is False
     assert await table_names(db_engine) == {VERSION_TABLE}
-    assert not INDEXES & await index_names(db_engine)
+    assert not (INDEXES | INDEXES_0001) & await index_names(db_engine)
     assert await version_rows(db_engine) == []
     assert await search_objects(db_engine) == set()
 
     await upgrade(db_engine, "0001")
     assert await is_current(db_engine) is False  # behind head: the store must not run yet
     assert await table_names(db_engine) == {*TABLES, VERSION_TABLE}
-    assert await index_names(db_engine) >= INDEXES
+    assert await index_names(db_engine) >= INDEXES_0001
     await upgrade(db_engine)
     assert await is_current(db_engine) is True
+    assert not (INDEXES_0001 - INDEXES) & await index_names(db_engine)
 
 
 async def test_own_version_table(db_engine: AsyncEngine) -> None:

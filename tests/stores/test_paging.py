@@ -66,7 +66,7 @@ async def _walk(store: Store, filter: Filter) -> list[Page]:
 @pytest.mark.parametrize("backend", SQL_BACKENDS)
 @pytest.mark.parametrize(
     ("user", "index"),
-    [(None, "ix_ds_sessions_org_updated"), ("alice", "ix_ds_sessions_org_user_updated")],
+    [(None, "ix_ds_sessions_org_updated"), ("alice", "ix_ds_sessions_user_org_updated")],
 )
 async def test_a_deep_page_is_one_index_range_that_reads_only_its_rows(
     backend: str, engine: AsyncEngine, user: str | None, index: str

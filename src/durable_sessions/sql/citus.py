@@ -20,8 +20,9 @@ otherwise. ``distribution_sql()`` returns the statements that distribute a migra
 
 from __future__ import annotations
 
-from sqlalchemy import Text, column, exists, func, literal, select, table, true
+from sqlalchemy import Text, and_, bindparam, column, exists, func, literal, select, table, true
 from sqlalchemy.engine import Dialect
+from sqlalchemy.sql import ColumnElement
 
 from ..errors import InvalidArgumentError
 from .compiled import Compiled, compile_statement
@@ -49,6 +50,11 @@ _OFF = ("off", "false", "no", "0")
 class DistributedStatements(PostgresShapes, StepwiseStatements):
     """The statements of distributed mode: the shared reads, Postgres's one-statement reads
     and row locks, and the single-table steps of the writes. Nothing else is compiled."""
+
+    def whole_org(self) -> ColumnElement[bool]:
+        """``org_id = :k_org``, which routes the statement to the organisation's worker,
+        and the same under "POSIX", which reaches ``ix_ds_sessions_org_updated`` there."""
+        return and_(sessions.c.org_id == bindparam("k_org"), super().whole_org())
 
 
 class DistributedPrograms(PostgresReads, StepwisePrograms):

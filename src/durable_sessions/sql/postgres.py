@@ -26,6 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.engine import Dialect
+from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
 from ..errors import SessionExistsError, SessionNotFoundError, StaleSessionError
@@ -76,6 +77,13 @@ class PostgresShapes(Statements):
     def locked(self, query: Select[Any]) -> Select[Any]:
         """``query ... FOR UPDATE``."""
         return query.with_for_update()
+
+    def whole_org(self) -> ColumnElement[bool]:
+        """``org_id`` compared under "POSIX", the collation ``ix_ds_sessions_org_updated``
+        indexes it under (revision 0005): the same rows as ``org_id = :k_org`` (the byte
+        order of the column's "C"), and the only condition that index serves, so that no
+        lookup by key can take it whatever the statistics."""
+        return S.c.org_id.collate("POSIX") == bindparam("k_org")
 
     def pg_get_with_events(self, has_after: bool, has_limit: bool) -> Any:
         """Postgres: a session, its shared state and its events in one statement.

@@ -151,10 +151,23 @@ sessions = Table(
     # never writes into a later session that reuses the id (versions restart at 1).
     Column("incarnation", String(36), nullable=False, server_default=""),
     PrimaryKeyConstraint("org_id", "id"),
-    # Serves list(): one user's sessions newest first (scanned backwards).
-    Index("ix_ds_sessions_org_user_updated", "org_id", "user_id", "updated_at", "id"),
-    # Serves list() over a whole organisation and purge() by age.
-    Index("ix_ds_sessions_org_updated", "org_id", "updated_at", "id"),
+    # Neither listing index can serve a lookup by key (org_id = ? AND id = ?), which must
+    # take the primary key whatever the statistics (revision 0005): with none, Postgres
+    # prices an org_id-only range of either as one row too, and a plan cached on a small
+    # table keeps reading the whole organisation as it grows.
+    # Serves list(): one user's sessions newest first (scanned backwards). It leads with
+    # user_id: a lookup by key binds nothing of it.
+    Index("ix_ds_sessions_user_org_updated", "user_id", "org_id", "updated_at", "id"),
+    # Serves list() over a whole organisation and purge() by age. On Postgres org_id is
+    # indexed under "POSIX" (the byte order of the column's "C"): only a condition under
+    # that collation (Statements.whole_org) uses it, never org_id = :k_org.
+    Index(
+        "ix_ds_sessions_org_updated",
+        "org_id",
+        "updated_at",
+        "id",
+        postgresql_ops={"org_id": 'COLLATE "POSIX"'},
+    ),
 )
 
 user_state = Table(

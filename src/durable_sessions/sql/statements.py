@@ -25,7 +25,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.sql import Executable
+from sqlalchemy.sql import ColumnElement, Executable
 
 from ..prepare import MAX_INT64
 from .compiled import Compiled, compile_statement
@@ -182,6 +182,12 @@ class Statements:
         dialect has row locks (Postgres); SQLite's writers hold the whole database."""
         return query
 
+    def whole_org(self) -> ColumnElement[bool]:
+        """The organisation filter of what reads sessions across an organisation, in
+        ``(updated_at, id)`` order: ``ix_ds_sessions_org_updated``'s condition (listings
+        that are not one user's, purge)."""
+        return S.c.org_id == bindparam("k_org")
+
     def compile(self, statement: Executable) -> Compiled:
         """Compile a Core statement for this dialect."""
         return compile_statement(statement, self.dialect)
@@ -244,7 +250,8 @@ class Statements:
         range, never an offset).
         """
         columns = [*META, S.c.state] if with_state else META
-        query = select(*columns).where(S.c.org_id == bindparam("k_org"))
+        org = S.c.org_id == bindparam("k_org") if user else self.whole_org()
+        query = select(*columns).where(org)
         if after:
             at = bindparam("k_after_at", type_=UTCDateTime)
             position = tuple_(at, bindparam("k_after_id", type_=S.c.id.type))
@@ -303,8 +310,7 @@ class Statements:
         """The statements of a batched delete: ``purge`` (by age) or ``delete_user``."""
         if kind == "purge":
             where = and_(
-                S.c.org_id == bindparam("k_org"),
-                S.c.updated_at < bindparam("k_cutoff", type_=UTCDateTime),
+                self.whole_org(), S.c.updated_at < bindparam("k_cutoff", type_=UTCDateTime)
             )
         else:
             where = and_(S.c.org_id == bindparam("k_org"), S.c.user_id == bindparam("k_user"))

@@ -250,8 +250,8 @@ class Statements:
         range, never an offset).
         """
         columns = [*META, S.c.state] if with_state else META
-        org = S.c.org_id == bindparam("k_org") if user else self.whole_org()
-        query = select(*columns).where(org)
+        in_org = S.c.org_id == bindparam("k_org") if user else self.whole_org()
+        query = select(*columns).where(in_org)
         if after:
             at = bindparam("k_after_at", type_=UTCDateTime)
             position = tuple_(at, bindparam("k_after_id", type_=S.c.id.type))

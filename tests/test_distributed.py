@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, select
+from sqlalchemy import Text, bindparam, cast, select
 from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.sql import Executable
@@ -306,7 +306,7 @@ async def test_reads_bound_on_the_org_plan_as_the_correlated_ones_did(
         await conn.execute(SEED)
     q = PostgresStatements(OPS, DIALECT)
     listed = (
-        select(*META, S.c.state)
+        select(*META, cast(S.c.state, Text).label("state"))
         .where(S.c.org_id == bindparam("k_org"))
         .order_by(S.c.updated_at.desc(), S.c.id.desc())
         .subquery("listed")

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import operator
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -74,8 +75,16 @@ from .errors import (
     StaleSessionError,
 )
 from .model import Event, Filter, Session, new_id
-from .prepare import check_limit
-from .state import MAX_ID_BYTES, MAX_ID_LENGTH, TEMP_PREFIX, USER_PREFIX, validate_id
+from .prepare import OwnerState, check_limit
+from .state import (
+    APP_PREFIX,
+    MAX_ID_BYTES,
+    MAX_ID_LENGTH,
+    TEMP_PREFIX,
+    USER_PREFIX,
+    from_json,
+    validate_id,
+)
 from .store import Store
 
 if TYPE_CHECKING:
@@ -150,31 +159,33 @@ def _fits(durable_id: str) -> bool:
     return len(durable_id) <= MAX_ID_LENGTH and _utf8_size(durable_id) <= MAX_ID_BYTES
 
 
-def _adk_session_id(stored: Session, prefixes: dict[tuple[str, str], str]) -> str | None:
+def _adk_session_id(
+    durable_id: str, app_name: str, user_id: str, prefixes: dict[tuple[str, str], str]
+) -> str | None:
     """Return the ADK id of a stored session, or None if it is not an ADK session's.
 
     ``prefixes`` caches each (app, user)'s ``"app/user/"`` across the sessions of a list.
     """
-    owner = (stored.app_name, stored.user_id)
+    owner = (app_name, user_id)
     prefix = prefixes.get(owner)
     if prefix is None:
-        prefix = prefixes[owner] = f"{_escape(owner[0])}/{_escape(owner[1])}/"
-    if stored.id.startswith(prefix):
-        escaped = stored.id[len(prefix) :]
+        prefix = prefixes[owner] = f"{_escape(app_name)}/{_escape(user_id)}/"
+    if durable_id.startswith(prefix):
+        escaped = durable_id[len(prefix) :]
         if "%" not in escaped:  # nothing escaped: most ids
             plain = escaped and "/" not in escaped and "#" not in escaped
             return escaped if plain else None
         session_id = _unescape(escaped)
         # The readable form names one (app, user, id): only if it is the canonical escape.
         return session_id if _escape(session_id) == escaped else None
-    if not stored.id.startswith(_HASHED):
+    if not durable_id.startswith(_HASHED):
         return None
-    session_id = _unescape(stored.id.rpartition("/")[2])
+    session_id = _unescape(durable_id.rpartition("/")[2])
     try:
-        expected = durable_session_id(stored.app_name, stored.user_id, session_id)
+        expected = durable_session_id(app_name, user_id, session_id)
     except InvalidArgumentError:
         return None
-    return session_id if expected == stored.id else None
+    return session_id if expected == durable_id else None
 
 
 def _marker(org_id: str, version: int, incarnation: str) -> str:
@@ -267,9 +278,27 @@ _make_session = constructor(
 )
 
 
-def _listing_order(item: tuple[float, str, str, Session]) -> tuple[float, str, str]:
-    """ADK's order of a listing: least recently updated first, then user and id."""
-    return item[:3]
+_LISTING_ORDER = operator.itemgetter(0, 1, 2)
+
+
+class _Owner:
+    """One (app, user) of a listing: its durable ids' prefix and its shared state."""
+
+    __slots__ = ("app", "items", "prefix", "user")
+
+    def __init__(self, app_name: str, user_id: str, user: OwnerState, app: OwnerState) -> None:
+        self.prefix = f"{_escape(app_name)}/{_escape(user_id)}/"
+        self.user, self.app = user, app
+        # Both plain (no list or object to copy per session): one update of both.
+        self.items = {**user.items, **app.items} if user.plain and app.plain else None
+
+    def lay_over(self, state: dict[str, Any]) -> None:
+        """Add the owner's ``user:`` then ``app:`` keys to a session's private state."""
+        if self.items is not None:
+            state.update(self.items)
+            return
+        state.update(self.user.fresh())
+        state.update(self.app.fresh())
 
 
 def _to_adk(stored: Session, session_id: str, events: list[AdkEvent], updated: float) -> AdkSession:
@@ -425,24 +454,38 @@ class DurableSessionService(BaseSessionService):
         are left out: no ADK call could name them.
         """
         org_id = self._org()
-        found = await self.store.list(
-            Filter(org_id, user_id=user_id, app_name=app_name, with_state=True)
-        )
-        listed = []
+        # One JSON text (Store.list_states_json): each owner's shared state once, every
+        # session as a short array; nothing is built per session but its ADK session.
+        text = await self.store.list_states_json(Filter(org_id, user_id=user_id, app_name=app_name))
+        listing = from_json(text)
+        users = {(a, u): OwnerState(USER_PREFIX, state) for a, u, state in listing["users"]}
+        apps = {a: OwnerState(APP_PREFIX, state) for a, state in listing["apps"]}
+        owners: dict[tuple[str, str], _Owner] = {}
         prefixes: dict[tuple[str, str], str] = {}
-        for stored in found:
-            session_id = _adk_session_id(stored, prefixes)
-            if session_id is not None:
-                updated = stored.updated_at.timestamp()  # _update_time without events
-                listed.append((updated, stored.user_id, session_id, stored))
-        listed.sort(key=_listing_order)
+        listed = []
+        for durable_id, user, app, updated, version, incarnation, state in listing["sessions"]:
+            owner = owners.get((app, user))
+            if owner is None:
+                owner = owners[(app, user)] = _Owner(app, user, users[(app, user)], apps[app])
+            # _adk_session_id, its common case inline: "app/user/id", nothing escaped
+            escaped = durable_id[len(owner.prefix) :]
+            if not durable_id.startswith(owner.prefix) or "%" in escaped:
+                session_id = _adk_session_id(durable_id, app, user, prefixes)
+                if session_id is None:
+                    continue
+            elif escaped and "/" not in escaped and "#" not in escaped:
+                session_id = escaped
+            else:
+                continue
+            owner.lay_over(state)
+            marker = f"{_MARKER_PREFIX}{version}:{incarnation}:{org_id}"  # _marker
+            listed.append((updated, user, session_id, app, state, marker))
+        listed.sort(key=_LISTING_ORDER)  # ADK's: least recently updated, then user and id
         make = _make_session
         sessions = [
-            make(
-                (session_id, stored.app_name, user, stored.state, [], updated),
-                f"{_MARKER_PREFIX}{stored.version}:{stored.incarnation}:{org_id}",  # _marker
-            )
-            for updated, user, session_id, stored in listed
+            # last_update_time: the session's updated_at.timestamp(), as without events
+            make((session_id, app, user, state, [], updated / 1_000_000), marker)
+            for updated, user, session_id, app, state, marker in listed
         ]
         return construct(ListSessionsResponse, {"sessions": sessions})
 

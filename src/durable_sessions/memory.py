@@ -26,15 +26,17 @@ from .prepare import (
     check_session,
     check_shared_deletes,
     check_touch,
+    events_json,
     fork_state,
     make_page,
     merge_state,
+    micros,
     page_fetch,
     prepare_create,
     prepare_event,
     prepare_update,
 )
-from .state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, copy_json, validate_id
+from .state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, copy_json, to_json, validate_id
 from .store import check_after_seq
 
 __all__ = ["InMemoryStore"]
@@ -165,6 +167,19 @@ class InMemoryStore:
         session.events = self._events(record, limit, after)
         return session
 
+    async def get_with_events_json(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        after: datetime | None = None,
+    ) -> tuple[Session, str]:
+        """Return a copy of a session, and its events as JSON text (see ``Store``)."""
+        after = check_events_read(org_id, session_id, limit, after)
+        record = self._record(org_id, session_id)
+        return self._view(record), events_json(self._events(record, limit, after))
+
     async def update(self, session: Session) -> Session:
         """Write what changed in the session, if nobody changed it since it was read."""
         delta = prepare_update(session, self.max_value_bytes)
@@ -216,6 +231,27 @@ class InMemoryStore:
         if filter.limit:
             found = found[: filter.limit]
         return [self._view(r, with_state=filter.with_state) for r in found]
+
+    async def list_states_json(self, filter: Filter) -> str:
+        """Return the listing of ``list(filter)`` with state as one JSON text (see ``Store``)."""
+        found = self._matching(filter, None)
+        if filter.limit:
+            found = found[: filter.limit]
+        org = filter.org_id
+        owners = {(r.meta.app_name, r.meta.user_id): None for r in found}
+        apps = {app: None for app, _ in owners}
+        listing = {
+            "sessions": [
+                [
+                    r.meta.id, r.meta.user_id, r.meta.app_name, micros(r.meta.updated_at),
+                    r.meta.version, r.meta.incarnation, r.private,
+                ]
+                for r in found
+            ],
+            "users": [[a, u, self._user.get((org, a, u), {})] for a, u in owners],
+            "apps": [[a, self._app.get((org, a), {})] for a in apps],
+        }  # fmt: skip
+        return to_json(listing)
 
     async def list_page(self, filter: Filter, *, cursor: str | None = None) -> Page:
         """Return one page of ``list`` after ``cursor`` (see ``Store``)."""

@@ -23,6 +23,7 @@ from .state import (
     copy_json,
     json_equal,
     split_delta,
+    to_json,
     validate_id,
     validate_value,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "MAX_LIMIT",
     "PAGE_SIZE",
     "RECREATED",
+    "OwnerState",
     "check_after",
     "check_count",
     "check_counters",
@@ -55,9 +57,12 @@ __all__ = [
     "check_timeout",
     "check_title",
     "check_touch",
+    "event_json",
+    "events_json",
     "fork_state",
     "make_page",
     "merge_state",
+    "micros",
     "page_fetch",
     "prepare_create",
     "prepare_event",
@@ -307,6 +312,70 @@ def merge_state(
     state.update((USER_PREFIX + key, value) for key, value in user)
     state.update((APP_PREFIX + key, value) for key, value in app)
     return state
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+_quote = json.encoder.encode_basestring  # a str as JSON text (C), non-ASCII kept as is
+
+
+def micros(moment: datetime) -> int:
+    """A timezone-aware moment in microseconds since 1970-01-01 UTC, exactly."""
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def event_json(
+    seq: int,
+    event_id: str,
+    author: str,
+    invocation_id: str,
+    content: str,
+    state_delta: str,
+    tokens: int,
+    timestamp: datetime,
+) -> str:
+    """One event of ``Store.get_with_events_json``, its content and delta as JSON text:
+    ``[seq, id, author, invocation_id, content, state_delta, tokens, micros]``."""
+    return (
+        f"[{seq},{_quote(event_id)},{_quote(author)},{_quote(invocation_id)},"
+        f"{content},{state_delta},{tokens},{micros(timestamp)}]"
+    )
+
+
+def events_json(events: Iterable[Event]) -> str:
+    """The events of ``Store.get_with_events_json`` as JSON text, from ``Event`` objects."""
+    items = []
+    for e in events:
+        content, delta = to_json(e.content), to_json(e.state_delta)
+        item = event_json(
+            e.seq, e.id, e.author, e.invocation_id, content, delta, e.tokens, e.timestamp
+        )
+        items.append(item)
+    return "[" + ",".join(items) + "]"
+
+
+class OwnerState:
+    """One owner's ``user:`` or ``app:`` state in a listing: prefixed once for all its
+    sessions, and copied for each only where a value is mutable (a listing of sessions
+    with state: ``sessions_with_state``, the ADK adapter's ``list_sessions``)."""
+
+    __slots__ = ("items", "plain", "snapshot")
+
+    def __init__(self, prefix: str, stored: dict[str, Any]) -> None:
+        self.items = {prefix + key: value for key, value in stored.items()}
+        # Strings, numbers, booleans and null can be shared by every session of the
+        # listing; lists and objects are copied for each (a session's state is its own).
+        self.plain = all(type(value) in _IMMUTABLE for value in self.items.values())
+        # The stored snapshot (``Session._persisted``) is only ever read or replaced, never
+        # changed in place: one copy serves every session of the owner.
+        self.snapshot = self.items if self.plain else copy_json(self.items)
+
+    def fresh(self) -> dict[str, Any]:
+        """The items for one more session's state."""
+        return self.items if self.plain else copy_json(self.items)
+
+
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
 
 def fork_state(parent_private: Mapping[str, Any], parent_id: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -203,6 +203,27 @@ def _scan(value: object, depth: int) -> int:
         return total
     kind = type(value).__name__
     raise _Unstorable(f"{kind} is not a JSON value (use dict, list, str, int, float, bool or None)")
+
+
+# The scanner json.loads runs, without its wrapping (an attribute JSONDecoder sets).
+_scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def from_json(text: str) -> Any:
+    """``json.loads(text)``, a few times faster for the small documents stores read back.
+
+    The text is scanned directly; anything but one JSON value filling the whole string
+    (whitespace around it, an error) is left to ``json.loads``, which reads or refuses it.
+    """
+    if type(text) is str:
+        try:
+            value, end = _scan_json(text, 0)
+        except StopIteration:
+            pass
+        else:
+            if end == len(text):
+                return value
+    return json.loads(text)
 
 
 def to_json(value: Any) -> str:

@@ -73,6 +73,29 @@ class Store(Protocol):
         """
         ...
 
+    async def get_with_events_json(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        after: datetime | None = None,
+    ) -> tuple[Session, str]:
+        """Return what ``get_with_events`` returns, with the events as JSON text.
+
+        The session comes as ``get`` returns it (``events`` empty), and its events (those
+        of ``get_with_events`` for ``limit`` and ``after``, oldest first) as the text of one
+        JSON array of ``[seq, id, author, invocation_id, content, state_delta, tokens,
+        timestamp]`` arrays, ``timestamp`` in microseconds since 1970-01-01 UTC. Nothing
+        is decoded: for adapters that validate their own event contents straight from the
+        text (one statement on Postgres).
+
+        Raises:
+            SessionNotFoundError: no such session in that organisation.
+            InvalidArgumentError: ``after`` is naive or ``limit`` is negative.
+        """
+        ...
+
     async def update(self, session: Session) -> Session:
         """Write the session's title and the state keys it set or deleted since it was read.
 
@@ -114,6 +137,22 @@ class Store(Protocol):
         """Return the matching sessions, most recently updated first.
 
         Sessions come without state (metadata only) unless ``filter.with_state`` asks for it.
+        """
+        ...
+
+    async def list_states_json(self, filter: Filter) -> str:
+        """Return the sessions ``list(filter)`` returns, with their state, as JSON text.
+
+        One JSON object (``filter.with_state`` is not needed: state is always there):
+        ``"sessions"``, ``[id, user_id, app_name, updated_at, version, incarnation,
+        private_state]`` for each session in ``list``'s order (``updated_at`` in
+        microseconds since 1970-01-01 UTC, ``private_state`` its keys without a prefix);
+        ``"users"``, ``[app_name, user_id, user_state]`` once for each (app, user) among
+        them (keys without ``user:``, ``{}`` when none); ``"apps"``, ``[app_name,
+        app_state]`` once for each app. A session's state is its private state, then its
+        user's keys prefixed ``user:``, then its app's prefixed ``app:``. Nothing is decoded
+        or built per session: for adapters that list many sessions with their state (one
+        statement on SQL).
         """
         ...
 

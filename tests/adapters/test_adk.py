@@ -57,7 +57,7 @@ from durable_sessions import (
     Store,
     StoreUnavailableError,
 )
-from durable_sessions._adk_models import construct, rebuild
+from durable_sessions._adk_models import construct, constructor, rebuild
 from durable_sessions.adk import DurableSessionService, durable_session_id
 from durable_sessions.state import validate_id
 from support.sql import SQL_BACKENDS, data_statements, statements
@@ -257,6 +257,48 @@ async def test_list_sessions_is_least_recently_updated_first(
     assert [s.id for s in listed.sessions] == ["b", "c", "a"]
     times = [s.last_update_time for s in listed.sessions]
     assert times == sorted(times)
+
+
+async def test_listed_sessions_are_what_get_session_returns_without_events(
+    service: DurableSessionService,
+) -> None:
+    odd = ["a%2F", "p/q", "h#1", "plain"]
+    for user in ("u1", "u2"):
+        for sid in odd:
+            made = await service.create_session(
+                app_name=APP,
+                user_id=user,
+                session_id=sid,
+                state={"k": sid, "user:u": {"who": [user]}, "app:a": [1], "temp:t": 1},
+            )
+            await service.append_event(made, delta_event({"n": 1, "user:plain": user}))
+    await service.create_session(app_name="other", user_id="u1", session_id="x")
+    for user_id in ("u1", None):
+        listed = (await service.list_sessions(app_name=APP, user_id=user_id)).sessions
+        assert len(listed) == (4 if user_id else 8)
+        keys = [(s.last_update_time, s.user_id, s.id) for s in listed]
+        assert keys == sorted(keys)
+        for session in listed:
+            got = await service.get_session(
+                app_name=APP,
+                user_id=session.user_id,
+                session_id=session.id,
+                config=GetSessionConfig(num_recent_events=0),
+            )
+            assert got is not None
+            # list_sessions reports the last write; get_session the newest event's time.
+            assert session.last_update_time >= got.last_update_time
+            got.last_update_time = session.last_update_time
+            assert_same(session, got, "session")
+            assert set(session.state) == {"k", "n", "user:u", "user:plain", "app:a"}
+        # Each session's state is its own, nested shared values too.
+        listed[0].state["user:u"]["who"].append("changed")
+        listed[0].state["app:a"].append(2)
+        assert all(s.state["app:a"] == [1] for s in listed[1:])
+        # A listed session is current: it takes an append.
+        await service.append_event(listed[-1], delta_event({"n": 2}))
+        again = await reload(service, listed[-1])
+        assert again.state["n"] == 2
 
 
 # -- ids are per (app, user) ----------------------------------------------------------------
@@ -1271,6 +1313,22 @@ def test_sessions_are_built_as_their_constructor_builds_them() -> None:
     got = construct(AdkSession, values, _storage_update_marker="m")
     assert got == expected
     assert_same(got, expected)
+    names = ("id", "app_name", "user_id", "state", "events", "last_update_time")
+    made = constructor(AdkSession, names, "_storage_update_marker")(
+        tuple(values[name] for name in names), "m"
+    )
+    assert made == expected
+    assert_same(made, expected)
+    assert made._storage_update_marker == "m"
+    assert made.model_fields_set is not got.model_fields_set  # each model its own set
+    # Another shape than every field in order: built by construct, the same model.
+    partial = constructor(AdkSession, ("id", "app_name", "user_id"), "_storage_update_marker")
+    assert_same(
+        partial(("s", APP, "u"), "m"),
+        construct(
+            AdkSession, {"id": "s", "app_name": APP, "user_id": "u"}, _storage_update_marker="m"
+        ),
+    )
     assert_same(
         construct(ListSessionsResponse, {"sessions": [got]}),
         ListSessionsResponse(sessions=[expected]),

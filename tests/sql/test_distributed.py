@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Text, cast, select
 from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.sql import Executable
@@ -314,7 +314,7 @@ async def test_reads_bound_on_the_org_plan_as_the_correlated_ones_did(
         await conn.execute(SEED)
     q = PostgresStatements(OPS, DIALECT)
     listed = (
-        select(*META, S.c.state)
+        select(*META, cast(S.c.state, Text).label("state"))
         .where(q.whole_org())  # the listing's own filter, whatever the state columns
         .order_by(S.c.updated_at.desc(), S.c.id.desc())
         .subquery("listed")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -135,6 +136,15 @@ async def test_a_transcript_past_256_mb_loads_whole(engine: AsyncEngine, backend
     assert [e.seq for e in got.events] == [1, 2, 3, 4, 5]
     assert all(len(e.content["text"]) == 55 << 20 for e in got.events)
     assert got.message_count == 5
+    del got
+    session_json, text = await store.get_with_events_json("org", session.id)
+    assert session_json.message_count == 5
+    items = json.loads(text)
+    del text
+    assert [(item[0], item[4]["i"], len(item[4]["text"])) for item in items] == [
+        (seq, seq - 1, 55 << 20) for seq in range(1, 6)
+    ]
+    del items
     newest = await SessionService(store, org_id="org").get(
         app_name="app", user_id="alice", session_id=session.id, num_recent_events=2
     )

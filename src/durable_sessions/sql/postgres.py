@@ -24,7 +24,7 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
+from sqlalchemy.dialects.postgresql import JSON, JSONB, aggregate_order_by
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.selectable import CTE
@@ -85,23 +85,46 @@ class PostgresShapes(Statements):
         lookup by key can take it whatever the statistics."""
         return S.c.org_id.collate("POSIX") == bindparam("k_org")
 
-    def pg_get_with_events(self, has_after: bool, has_limit: bool) -> Any:
+    def pg_get_with_events(self, has_after: bool, has_limit: bool, as_text: bool = False) -> Any:
         """Postgres: a session, its shared state and its events in one statement.
 
         The events come as one jsonb array of ``[seq, id, author, invocation_id, content,
-        state_delta, tokens, epoch microseconds]`` rows, oldest first.
+        state_delta, tokens, epoch microseconds]`` rows, oldest first (``as_text``: as its
+        JSON text, which the driver does not decode).
         """
         chosen = self.events_query(has_after, has_limit).subquery("chosen")
         micros = cast(extract("epoch", chosen.c.timestamp) * 1_000_000, BigInteger)
         item = func.jsonb_build_array(
             *[chosen.c[col.name] for col in EVENT_COLUMNS if col.name != "timestamp"], micros
         )
-        transcript = (
-            select(func.jsonb_agg(aggregate_order_by(item, chosen.c.seq)))
-            .scalar_subquery()
-            .label("events")
-        )
+        whole: Any = func.jsonb_agg(aggregate_order_by(item, chosen.c.seq))
+        if as_text:
+            whole = cast(whole, Text)
+        transcript = select(whole).scalar_subquery().label("events")
         return select(*META, *self.state_columns(), transcript).where(SESSION_KEY)
+
+    def json_listing(self, listed: Any, owners: Any, user_agg: Any, apps: Any, app_agg: Any) -> Any:
+        """Postgres: ``json_build_object`` of three ``json_agg``; jsonb state embedded as is."""
+        empty_list = cast(literal("[]", Text), JSON)
+        empty_object = cast(literal("{}", Text), JSONB)
+        micros = cast(extract("epoch", listed.c.updated_at) * 1_000_000, BigInteger)
+        item = func.json_build_array(
+            listed.c.id, listed.c.user_id, listed.c.app_name, micros, listed.c.version,
+            listed.c.incarnation, listed.c.state,
+        )  # fmt: skip
+        newest = aggregate_order_by(item, listed.c.updated_at.desc(), listed.c.id.desc())
+        sessions = select(func.coalesce(func.json_agg(newest), empty_list)).scalar_subquery()
+        owner = func.json_build_array(
+            owners.c.app_name, owners.c.user_id, func.coalesce(user_agg, empty_object)
+        )
+        users = select(func.coalesce(func.json_agg(owner), empty_list)).scalar_subquery()
+        app = func.json_build_array(apps.c.app_name, func.coalesce(app_agg, empty_object))
+        every_app = select(func.coalesce(func.json_agg(app), empty_list)).scalar_subquery()
+        whole = func.json_build_object(
+            literal("sessions", Text), sessions, literal("users", Text), users,
+            literal("apps", Text), every_app,
+        )  # fmt: skip
+        return select(cast(whole, Text).label("listing"))
 
     def event_contents(self, has_limit: bool) -> Any:
         """A session's event contents, oldest first, as ONE JSON array in one text value."""
@@ -380,6 +403,21 @@ class PostgresReads(Programs):
     def get_with_events(self, shape: tuple[bool, bool], params: dict[str, Any]) -> Job[Session]:
         stmt = self.q.shape(("get+events", *shape), lambda: self.q.pg_get_with_events(*shape))
         return Job(self._get_with_events(stmt, params), "read")
+
+    def get_with_events_json(
+        self, shape: tuple[bool, bool], params: dict[str, Any]
+    ) -> Job[tuple[Session, str]]:
+        key = ("get+events:json", *shape)
+        stmt = self.q.shape(key, lambda: self.q.pg_get_with_events(*shape, as_text=True))
+        return Job(self._get_with_events_json(stmt, params), "read")
+
+    def _get_with_events_json(
+        self, stmt: Any, params: dict[str, Any]
+    ) -> Program[tuple[Session, str]]:
+        row = (yield Query(stmt, params)).first()
+        if row is None:
+            raise SessionNotFoundError(params["k_org"], params["k_id"])
+        return session_with_state(row), row.events or "[]"
 
     def _get_with_events(self, stmt: Any, params: dict[str, Any]) -> Program[Session]:
         row = (yield Query(stmt, params)).first()

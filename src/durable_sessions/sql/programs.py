@@ -18,8 +18,15 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from ..errors import SessionNotFoundError, StaleSessionError
 from ..model import Event, Session
-from ..prepare import RECREATED, check_counters, check_shared_deletes, merge_state
-from ..state import APP_PREFIX, USER_PREFIX, ScopedDelta, copy_json
+from ..prepare import (
+    RECREATED,
+    OwnerState,
+    check_counters,
+    check_shared_deletes,
+    event_json,
+    merge_state,
+)
+from ..state import APP_PREFIX, USER_PREFIX, ScopedDelta, copy_json, from_json
 from .runner import Mode, Program, Query
 from .statements import Retention, Statements
 
@@ -90,43 +97,21 @@ def session_with_state(row: Any) -> Session:
     )
 
 
-class _Shared:
-    """One owner's ``user:`` or ``app:`` state in a listing: prefixed once for all its
-    sessions, and copied for each only where a value is mutable."""
-
-    __slots__ = ("items", "plain", "snapshot")
-
-    def __init__(self, prefix: str, stored: dict[str, Any]) -> None:
-        self.items = {prefix + key: value for key, value in stored.items()}
-        # Strings, numbers, booleans and null can be shared by every session of the
-        # listing; lists and objects are copied for each (a session's state is its own).
-        self.plain = all(type(value) in _IMMUTABLE for value in self.items.values())
-        # The stored snapshot (``Session._persisted``) is only ever read or replaced, never
-        # changed in place: one copy serves every session of the owner.
-        self.snapshot = self.items if self.plain else copy_json(self.items)
-
-    def fresh(self) -> dict[str, Any]:
-        """The items for one more session's state."""
-        return self.items if self.plain else copy_json(self.items)
-
-
-_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
-
-
 def sessions_with_state(rows: builtins.list[Any]) -> builtins.list[Session]:
-    """Sessions from the rows of a ``list_query`` with state: each row's private state,
-    and its owner's shared state, given as JSON text by the row that carries it (or by
-    every row, when the listing has one owner) and decoded once per distinct text."""
-    decoded: dict[tuple[str, str], _Shared] = {}
+    """Sessions from the rows of a ``list_query`` with state: each row's private state
+    (JSON text), and its owner's shared state, given as JSON text by the row that carries
+    it (or by every row, when the listing has one owner) and decoded once per distinct
+    text."""
+    decoded: dict[tuple[str, str], OwnerState] = {}
 
-    def shared(prefix: str, text: str) -> _Shared:
+    def shared(prefix: str, text: str) -> OwnerState:
         found = decoded.get((prefix, text))
         if found is None:
-            found = decoded[(prefix, text)] = _Shared(prefix, json.loads(text))
+            found = decoded[(prefix, text)] = OwnerState(prefix, from_json(text))
         return found
 
-    users: dict[tuple[str, str], _Shared] = {}
-    apps: dict[str, _Shared] = {}
+    users: dict[tuple[str, str], OwnerState] = {}
+    apps: dict[str, OwnerState] = {}
     for row in rows:
         owner = (row.app_name, row.user_id)
         if owner not in users and row.user_state is not None:
@@ -135,7 +120,7 @@ def sessions_with_state(rows: builtins.list[Any]) -> builtins.list[Session]:
             apps[row.app_name] = shared(APP_PREFIX, row.app_state)
     found = []
     for row in rows:
-        state: dict[str, Any] = row.state  # decoded for this row alone: its own
+        state: dict[str, Any] = from_json(row.state)  # this row's alone: its own
         persisted = copy_json(state)
         for owners in (users[(row.app_name, row.user_id)], apps[row.app_name]):
             if owners.items:
@@ -250,6 +235,11 @@ class Programs:
         if with_state:
             return sessions_with_state(rows)
         return [session_from_row(row) for row in rows]
+
+    @staticmethod
+    def listing_json(stmt: Any, params: dict[str, Any]) -> Program[str]:
+        """The text of a ``states_json_query``."""
+        return str((yield Query(stmt, params)).first().listing)
 
     def count(self, stmt: Any, params: dict[str, Any]) -> Program[int]:
         """The ``n`` of a counting statement."""
@@ -368,6 +358,22 @@ class Programs:
         stmt = self.q.shape(("events", *shape), lambda: self.q.events_query(*shape))
         return Job(self._session_then_events(stmt, params, newest_first=shape[1]), "read")
 
+    def session_then_events_json(
+        self, shape: tuple[bool, bool], params: dict[str, Any]
+    ) -> Job[tuple[Session, str]]:
+        """``session_then_events``, with the events as JSON text (``get_with_events_json``)."""
+        stmt = self.q.shape(("events:json", *shape), lambda: self.q.events_json_query(*shape))
+        return Job(self._session_then_events_json(stmt, params, newest_first=shape[1]), "read")
+
+    def _session_then_events_json(
+        self, stmt: Any, params: dict[str, Any], newest_first: bool
+    ) -> Program[tuple[Session, str]]:
+        session = yield from self.get(params["k_org"], params["k_id"])
+        rows = (yield Query(stmt, params)).rows
+        if newest_first:
+            rows.reverse()
+        return session, "[" + ",".join(event_json(*row) for row in rows) + "]"
+
     def _session_then_events(
         self, stmt: Any, params: dict[str, Any], newest_first: bool
     ) -> Program[Session]:
@@ -385,6 +391,12 @@ class Programs:
 
     def get_with_events(self, shape: tuple[bool, bool], params: dict[str, Any]) -> Job[Session]:
         """A session with its state and the events ``shape`` (after?, limit?) selects."""
+        raise NotImplementedError
+
+    def get_with_events_json(
+        self, shape: tuple[bool, bool], params: dict[str, Any]
+    ) -> Job[tuple[Session, str]]:
+        """``get_with_events``, with the events as JSON text."""
         raise NotImplementedError
 
     def update(self, params: dict[str, Any], delta: ScopedDelta) -> Job[int]:

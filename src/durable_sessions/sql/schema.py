@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from typing import Any
 
@@ -22,7 +21,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from ..state import to_json
+from ..state import from_json, to_json
 
 __all__ = [
     "VERSION_TABLE",
@@ -64,7 +63,7 @@ class _JSONText(TypeDecorator[Any]):
         return to_json(value)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> Any:
-        return None if value is None else json.loads(value)
+        return None if value is None else from_json(value)
 
 
 class _JSONB(TypeDecorator[Any]):
@@ -124,7 +123,10 @@ def _sqlite_utc(value: Any) -> datetime | None:
     """Read SQLAlchemy's SQLite timestamp text ("YYYY-MM-DD HH:MM:SS.ffffff", UTC)."""
     if value is None:
         return None
-    return datetime.fromisoformat(value).replace(tzinfo=timezone.utc)
+    try:
+        return datetime.fromisoformat(value + "+00:00")  # one call: parsed with its zone
+    except (TypeError, ValueError):
+        return datetime.fromisoformat(value).replace(tzinfo=timezone.utc)
 
 
 ID = String(255)

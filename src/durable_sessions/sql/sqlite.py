@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Text, cast, func, literal, select
+from sqlalchemy import Integer, Text, cast, func, literal, select
 
 from .stepwise import StepwisePrograms, StepwiseStatements
 
@@ -24,6 +24,29 @@ class SQLiteStatements(StepwiseStatements):
         ordered = select(text.label("c")).order_by(rows.c.seq).subquery("ordered")
         joined = literal("[", Text) + func.group_concat(ordered.c.c, ",") + literal("]", Text)
         return select(joined.label("contents"))
+
+    def json_listing(self, listed: Any, owners: Any, user_agg: Any, apps: Any, app_agg: Any) -> Any:
+        """SQLite: the JSON object written around three ``json_group_array``, each read
+        from the listing's rows as they were listed (stored JSON text embedded as is)."""
+        stamp = listed.c.updated_at  # "YYYY-MM-DD HH:MM:SS.ffffff", UTC
+        seconds = cast(func.strftime("%s", func.substr(stamp, 1, 19)), Integer)
+        micros = seconds * 1_000_000 + cast(func.substr(stamp, 21, 6), Integer)
+        item = func.json_array(
+            listed.c.id, listed.c.user_id, listed.c.app_name, micros, listed.c.version,
+            listed.c.incarnation, func.json(listed.c.state),
+        )  # fmt: skip
+        sessions = select(func.json_group_array(item)).scalar_subquery()
+        owner = func.json_array(
+            owners.c.app_name, owners.c.user_id, func.json(func.coalesce(user_agg, "{}"))
+        )
+        users = select(func.json_group_array(owner)).scalar_subquery()
+        app = func.json_array(apps.c.app_name, func.json(func.coalesce(app_agg, "{}")))
+        every_app = select(func.json_group_array(app)).scalar_subquery()
+        whole = (
+            literal('{"sessions":', Text) + sessions + literal(',"users":', Text) + users
+            + literal(',"apps":', Text) + every_app + literal("}", Text)
+        )  # fmt: skip
+        return select(whole.label("listing"))
 
 
 class SQLitePrograms(StepwisePrograms):

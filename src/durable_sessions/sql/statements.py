@@ -234,6 +234,15 @@ class Statements:
             return query.order_by(events.c.seq.desc()).limit(bindparam("k_limit"))
         return query.order_by(events.c.seq)
 
+    def events_json_query(self, has_after: bool, has_limit: bool) -> Any:
+        """``events_query`` with each event's content and delta as their JSON text."""
+        return self.events_query(has_after, has_limit).with_only_columns(
+            *[
+                cast(col, Text).label(col.name) if col.name in ("content", "state_delta") else col
+                for col in EVENT_COLUMNS
+            ]
+        )
+
     def list_query(
         self,
         user: bool,
@@ -249,7 +258,36 @@ class Statements:
         in that order: a page of ``list_page``, which starts there along the index (a
         range, never an offset).
         """
-        columns = [*META, S.c.state] if with_state else META
+        # With state, the private state comes as its JSON text: decoded by
+        # sessions_with_state without the driver's per-value wrapping.
+        columns = [*META, cast(S.c.state, Text).label("state")] if with_state else META
+        query = self.listing(columns, user, app, parent, limit, after)
+        if not with_state:
+            return query
+        if user and app:  # one owner: its shared state is read once, by the bound names
+            org: Any = bindparam("k_org")
+            user_agg = self._user_agg(org, bindparam("k_app"), bindparam("k_user"))
+            app_agg = self._app_agg(org, bindparam("k_app"))
+            return query.add_columns(
+                _as_text(user_agg.element).label("user_state"),
+                _as_text(app_agg.element).label("app_state"),
+            )
+        return self.with_owner_state(query.subquery("listed"), fixed_app=app)
+
+    def listing(
+        self,
+        columns: list[Any],
+        user: bool,
+        app: bool,
+        parent: bool,
+        limit: bool,
+        after: bool = False,
+    ) -> Select[Any]:
+        """``columns`` of one organisation's sessions in ``list``'s order (newest first),
+        narrowed by the filter's parameters that are given (see ``list_query``).
+
+        One user's sessions are a range of ``ix_ds_sessions_user_org_updated``; the others
+        are filtered by ``whole_org`` (``ix_ds_sessions_org_updated``'s own condition)."""
         in_org = S.c.org_id == bindparam("k_org") if user else self.whole_org()
         query = select(*columns).where(in_org)
         if after:
@@ -263,21 +301,44 @@ class Statements:
         if parent:
             query = query.where(S.c.parent_id == bindparam("k_parent"))
         query = query.order_by(S.c.updated_at.desc(), S.c.id.desc())
-        query = query.limit(bindparam("k_limit")) if limit else query
-        if not with_state:
-            return query
-        if user and app:  # one owner: its shared state is read once, by the bound names
-            org: Any = bindparam("k_org")
-            user_agg = self._user_agg(org, bindparam("k_app"), bindparam("k_user"))
-            app_agg = self._app_agg(org, bindparam("k_app"))
-            return query.add_columns(
-                _as_text(user_agg.element).label("user_state"),
-                _as_text(app_agg.element).label("app_state"),
-            )
-        return self.with_owner_state(query.subquery("listed"), fixed_app=app)
+        return query.limit(bindparam("k_limit")) if limit else query
+
+    def states_json_query(self, user: bool, app: bool, parent: bool, limit: bool) -> Any:
+        """``Store.list_states_json``: the listing as the text of one JSON object (one
+        column, ``listing``), each owner's shared state read once.
+
+        The owners (and apps) are those of the same listing, read apart (no CTE, which
+        distributed mode does not run): its first row when the filter names the owner
+        (or the app), else its distinct values.
+        """
+        columns = [S.c.id, S.c.user_id, S.c.app_name, S.c.updated_at, S.c.version]
+        columns += [S.c.incarnation, S.c.state]
+
+        def listed(name: str) -> Any:
+            return self.listing(columns, user, app, parent, limit).subquery(name)
+
+        org: Any = bindparam("k_org")
+        listed_owners = listed("listed_owners")
+        owners = select(listed_owners.c.app_name, listed_owners.c.user_id)
+        owners = owners.limit(1) if user and app else owners.distinct()
+        owners_sub = owners.subquery("owners")
+        listed_apps = listed("listed_apps")
+        apps = select(listed_apps.c.app_name)
+        apps_sub = (apps.limit(1) if app else apps.distinct()).subquery("apps")
+        return self.json_listing(
+            listed("listed"),
+            owners_sub,
+            self._user_agg(org, owners_sub.c.app_name, owners_sub.c.user_id).element,
+            apps_sub,
+            self._app_agg(org, apps_sub.c.app_name).element,
+        )
+
+    def json_listing(self, listed: Any, owners: Any, user_agg: Any, apps: Any, app_agg: Any) -> Any:
+        """The dialect's JSON of ``states_json_query`` from its parts."""
+        raise NotImplementedError
 
     def with_owner_state(self, listed: Any, org: Any = None, *, fixed_app: bool = False) -> Any:
-        """The sessions of ``listed`` (a subquery of ``META`` and ``state`` columns) in
+        """The sessions of ``listed`` (a subquery of ``META`` and ``state``, as JSON text) in
         ``list``'s order, with their shared state read once per owner, not once per session.
 
         ``user_state`` is set on one row of each (app, user) of the listing and

@@ -213,6 +213,11 @@ class StepwisePrograms(Programs):
     def get_with_events(self, shape: tuple[bool, bool], params: dict[str, Any]) -> Job[Session]:
         return self.session_then_events(shape, params)
 
+    def get_with_events_json(
+        self, shape: tuple[bool, bool], params: dict[str, Any]
+    ) -> Job[tuple[Session, str]]:
+        return self.session_then_events_json(shape, params)
+
     def update(self, params: dict[str, Any], delta: ScopedDelta) -> Job[int]:
         return Job(self._update(params, delta), "write")
 

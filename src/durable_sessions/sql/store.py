@@ -264,6 +264,26 @@ class SQLStore:
         # The session and its events are then two statements, not one snapshot.
         return await self._run(self._programs.session_then_events(shape, params), "get")
 
+    async def get_with_events_json(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        after: datetime | None = None,
+    ) -> tuple[Session, str]:
+        """Return a session with its state, and its events as JSON text (see ``Store``):
+        nothing is decoded but the session row."""
+        shape, params = _events_read(org_id, session_id, limit, after)
+        await self._ready("get")
+        try:
+            return await self._run(self._programs.get_with_events_json(shape, params), "get")
+        except StoreError as exc:
+            if not _sqlstate_in(exc, _TOO_LARGE):
+                raise
+        # Past jsonb's 256 MB, as for get_with_events: the events are read as rows.
+        return await self._run(self._programs.session_then_events_json(shape, params), "get")
+
     async def update(self, session: Session) -> Session:
         """Write the title and the state keys set or deleted since the session was read."""
         delta = prepare_update(session, self.max_value_bytes)
@@ -312,6 +332,23 @@ class SQLStore:
         }  # fmt: skip
         program = self._programs.listing(stmt, params, filter.with_state)
         return await self._runner.run(program, "read", "list")
+
+    async def list_states_json(self, filter: Filter) -> str:
+        """Return the listing of ``list(filter)`` with state as one JSON text (see ``Store``):
+        one statement, each owner's shared state read once, nothing decoded."""
+        shape = (
+            filter.user_id is not None,
+            filter.app_name is not None,
+            filter.parent_id is not None,
+            bool(filter.limit),
+        )
+        await self._ready("list")
+        stmt = self._q.shape(("states", *shape), lambda: self._q.states_json_query(*shape))
+        params = {
+            "k_org": filter.org_id, "k_user": filter.user_id, "k_app": filter.app_name,
+            "k_parent": filter.parent_id, "k_limit": filter.limit,
+        }  # fmt: skip
+        return await self._runner.run(self._programs.listing_json(stmt, params), "read", "list")
 
     async def list_page(self, filter: Filter, *, cursor: str | None = None) -> Page:
         """Return one page of ``list`` after ``cursor``: one statement, a range of the

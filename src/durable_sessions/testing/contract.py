@@ -1083,6 +1083,70 @@ class StoreContract:
         with pytest.raises(InvalidArgumentError):
             await store.get_with_events(ORG, session.id, after=datetime(2026, 1, 1))
 
+    async def test_get_with_events_json_is_get_with_events_as_json_text(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER, state={"k": 1, "user:u": 2, "app:a": 3})
+        got, text = await store.get_with_events_json(ORG, session.id)
+        assert (got.state, got.events, json.loads(text)) == (session.state, [], [])
+        start = datetime(1969, 12, 31, 23, 59, 58, 999999, tzinfo=timezone.utc)
+        contents: list[Any] = [
+            {"n": 1, "f": 1e16, "g": 1.0, "nested": [None, True, {"é": '\u2603\n"q"'}]},
+            "plain text",
+            None,
+            [1, 2.5, "x"],
+            {},
+            7,
+        ]
+        for n, content in enumerate(contents):
+            await store.append_event(
+                ORG,
+                session.id,
+                Event(
+                    f'author "{n}" ✓',
+                    content=content,
+                    invocation_id=f"inv\\{n}",
+                    state_delta={"k": n, "user:u": [n]},
+                    tokens=n,
+                    timestamp=start + timedelta(seconds=n, microseconds=n),
+                ),
+            )
+        reads: list[dict[str, Any]] = [
+            {},
+            {"limit": 2},
+            {"limit": 0},
+            {"after": start + timedelta(seconds=2)},
+            {"after": start + timedelta(seconds=1), "limit": 3},
+        ]
+        epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+        for read in reads:
+            expected = await store.get_with_events(ORG, session.id, **read)
+            got, text = await store.get_with_events_json(ORG, session.id, **read)
+            assert got.events == []
+            got.events = expected.events
+            assert got == expected
+            assert got.state == expected.state
+            items = json.loads(text)
+            assert items == [
+                [
+                    e.seq, e.id, e.author, e.invocation_id, e.content, e.state_delta, e.tokens,
+                    (e.timestamp - epoch) // timedelta(microseconds=1),
+                ]
+                for e in expected.events
+            ], read  # fmt: skip
+            floats = [
+                item[4]["f"] for item in items if isinstance(item[4], dict) and "f" in item[4]
+            ]
+            assert all(type(f) is float for f in floats)
+        with pytest.raises(SessionNotFoundError):
+            await store.get_with_events_json(ORG, "missing")
+        with pytest.raises(SessionNotFoundError):
+            await store.get_with_events_json(OTHER_ORG, session.id)
+        with pytest.raises(InvalidArgumentError):
+            await store.get_with_events_json(ORG, session.id, after=datetime(2026, 1, 1))
+        with pytest.raises(InvalidArgumentError):
+            await store.get_with_events_json(ORG, session.id, limit=-1)
+
     async def test_list_with_state_returns_what_get_returns(
         self, manager: Manager, store: Store
     ) -> None:
@@ -1135,6 +1199,58 @@ class StoreContract:
         got = await manager.get(ORG, second.id)
         assert got.state["user:u"] == {"who": [USER, "saved"]}
         assert (await manager.get(ORG, first.id)).state["n"] == 99
+
+    async def test_list_states_json_is_list_with_state_as_json_text(
+        self, manager: Manager, store: Store
+    ) -> None:
+        other_app = Manager(store, app_name=OTHER_APP)
+        for app in (manager, other_app):
+            for user in (USER, OTHER_USER):
+                for n in range(2):
+                    state = {"n": n, "f": 1.0, "user:u": {"who": [user]}, "app:a": app.app_name}
+                    await app.create(ORG, user, state=state)
+        await manager.create(ORG, "nobody-shares", state={"big": 1e16})
+        forked = await manager.fork(ORG, (await manager.create(ORG, USER, state={"p": 1})).id)
+        await other_app.create(OTHER_ORG, USER, state={"user:u": "elsewhere"})
+        epoch, microsecond = datetime(1970, 1, 1, tzinfo=timezone.utc), timedelta(microseconds=1)
+        filters = [
+            Filter(ORG),
+            Filter(ORG, user_id=USER),
+            Filter(ORG, app_name=APP),
+            Filter(ORG, user_id=USER, app_name=APP, with_state=True),
+            Filter(ORG, limit=3),
+            Filter(ORG, parent_id=forked.parent_id),
+            Filter(ORG, user_id="no-one"),
+        ]
+        for filter in filters:
+            listed = await store.list(replace(filter, with_state=True))
+            listing = json.loads(await store.list_states_json(filter))
+            assert set(listing) == {"sessions", "users", "apps"}
+            users = {(a, u): state for a, u, state in listing["users"]}
+            apps = {a: state for a, state in listing["apps"]}
+            assert set(users) == {(s.app_name, s.user_id) for s in listed}
+            assert set(apps) == {s.app_name for s in listed}
+            assert len(users) == len(listing["users"])
+            assert len(apps) == len(listing["apps"])
+            rebuilt = []
+            for sid, user, app, updated, version, incarnation, private in listing["sessions"]:
+                state = dict(private)
+                state.update({f"user:{k}": v for k, v in users[(app, user)].items()})
+                state.update({f"app:{k}": v for k, v in apps[app].items()})
+                rebuilt.append((sid, user, app, updated, version, incarnation, state))
+            assert rebuilt == [
+                (
+                    s.id, s.user_id, s.app_name, (s.updated_at - epoch) // microsecond,
+                    s.version, s.incarnation, s.state,
+                )
+                for s in listed
+            ], filter  # fmt: skip
+            assert all(list(r[-1]) == list(s.state) for r, s in zip(rebuilt, listed, strict=True))
+            floats = [r[-1][k] for r in rebuilt for k in ("f", "big") if k in r[-1]]
+            assert all(type(f) is float for f in floats)
+        assert json.loads(await store.list_states_json(Filter(ORG, user_id="no-one"))) == {
+            "sessions": [], "users": [], "apps": [],
+        }  # fmt: skip
 
     # -- transcript edits: truncate_events --------------------------------------------------------
 

@@ -254,16 +254,17 @@ async def measure(
 
     Each worker first runs ``warmup`` untimed ops (compiled caches, prepared statements,
     pool connections). ``max_ops`` caps the ops of each worker (a finite supply, as for
-    delete). Nothing counts during the timed run: statements and round trips are counted
-    afterwards over ``count_ops`` more ops per worker, with ``switch(True)`` routing the
-    ops to an instance whose engine has the statement listener (a listener alone makes
-    SQLAlchemy, and durable-sessions' runner, do extra work). Returns ops, errors,
+    delete). Nothing counts during the timed run: round trips are counted afterwards over
+    ``count_ops`` more ops per worker on the same instance, then statements over as many
+    more with ``switch(True)`` routing the ops to an instance whose engine has the
+    statement listener (a listener alone makes SQLAlchemy, and durable-sessions' runner,
+    take another path, so round trips are not counted there). Returns ops, errors,
     seconds, latencies, CPU and per-op counts.
     """
     errors: list[BaseException] = []
     remaining = [max_ops if max_ops is not None else -1 for _ in ops]
     # A finite supply keeps enough back for the counting pass after the timed run.
-    reserve = COUNT_WARMUP + count_ops if counters is not None else 0
+    reserve = COUNT_WARMUP + 2 * count_ops if counters is not None else 0
 
     async def warm(index: int, op: Op) -> None:
         for _ in range(warmup):
@@ -303,8 +304,20 @@ async def measure(
     cpu = time.process_time() - cpu_start
     flat = sorted(x for lat in latencies for x in lat)
     n = len(flat)
-    counted = 0
+    counted = trips_counted = trips = 0
     if counters is not None and count_ops:
+        # Round trips on the timed instance itself: a listener would change the path the
+        # runner takes (SQLAlchemy's execution layer, with BEGIN and COMMIT of its own).
+        driver_counting(True)
+        DRIVER.reset()
+        try:
+            done = await asyncio.gather(
+                *(_some(i, op, count_ops, remaining, errors) for i, op in enumerate(ops))
+            )
+            trips_counted, trips = sum(done), DRIVER.round_trips
+        finally:
+            driver_counting(False)
+        # Statements on the instance whose engine has the statement listener.
         if switch is not None:
             switch(True)
         try:
@@ -312,15 +325,12 @@ async def measure(
             await asyncio.gather(
                 *(_some(i, op, COUNT_WARMUP, remaining) for i, op in enumerate(ops))
             )
-            driver_counting(True)
             counters.reset()
-            DRIVER.reset()
             done = await asyncio.gather(
                 *(_some(i, op, count_ops, remaining, errors) for i, op in enumerate(ops))
             )
             counted = sum(done)
         finally:
-            driver_counting(False)
             if switch is not None:
                 switch(False)
     return {
@@ -333,7 +343,7 @@ async def measure(
         "p99_ms": percentile(flat, 0.99) * 1000,
         "mean_ms": (statistics.fmean(flat) * 1000) if flat else 0.0,
         "statements_per_op": (counters.statements / counted) if counters and counted else None,
-        "round_trips_per_op": (DRIVER.round_trips / counted) if counted else None,
+        "round_trips_per_op": (trips / trips_counted) if trips_counted else None,
         "cpu_us_per_op": (cpu / n * 1e6) if n else 0.0,
     }
 

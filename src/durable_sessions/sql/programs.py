@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import builtins
 import json
-from datetime import datetime, timedelta, timezone
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from ..errors import SessionNotFoundError, StaleSessionError
@@ -21,6 +20,7 @@ from ..prepare import (
     OwnerState,
     check_counters,
     check_shared_deletes,
+    event_from_array,
     event_json,
     merge_state,
 )
@@ -40,8 +40,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 class Job(NamedTuple, Generic[T]):
@@ -139,22 +137,6 @@ def event_from_row(row: Any) -> Event:
         id=row.id,
         timestamp=row.timestamp,
         seq=row.seq,
-    )
-
-
-def event_from_array(item: list[Any]) -> Event:
-    """An event from Postgres's ``[seq, id, author, invocation_id, content, state_delta,
-    tokens, epoch microseconds]`` array."""
-    seq, event_id, author, invocation_id, content, state_delta, tokens, micros = item
-    return Event(
-        author=author,
-        content=content,
-        invocation_id=invocation_id,
-        state_delta=state_delta,
-        tokens=tokens,
-        id=event_id,
-        timestamp=_EPOCH + timedelta(microseconds=micros),
-        seq=seq,
     )
 
 

@@ -57,9 +57,9 @@ try:
     )
     from google.adk.sessions.session import Session as AdkSession
     from google.genai import types
-    from pydantic_core import to_jsonable_python
+    from pydantic_core import SchemaValidator, ValidationError, to_jsonable_python
 
-    from ._adk_models import construct, constructor, rebuild
+    from ._adk_models import construct, constructor, rebuild, transcript_validator
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
         "durable_sessions.adk needs Google ADK, which is not installed: "
@@ -75,7 +75,7 @@ from .errors import (
     StaleSessionError,
 )
 from .model import Event, Filter, Session, new_id
-from .prepare import OwnerState, check_limit
+from .prepare import OwnerState, check_limit, event_from_array
 from .state import (
     APP_PREFIX,
     MAX_ID_BYTES,
@@ -106,6 +106,7 @@ _MARKER_PREFIX = "durable-sessions:v"
 # ADK's StaleSessionError (a ValueError) exists since google-adk 2.x; before, ADK raised ValueError.
 _STALE_ERROR: type[ValueError] = getattr(adk_errors, "StaleSessionError", ValueError)
 _ONE_MICROSECOND = timedelta(microseconds=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _HASHED = "#"
 
 
@@ -260,6 +261,33 @@ def _from_record(record: Event) -> AdkEvent:
     )
 
 
+_ADK_EVENT_KEYS = frozenset({"actions", "id"})
+_transcript: SchemaValidator | None = None
+
+
+def _events_from_json(text: str) -> tuple[list[AdkEvent], int | None]:
+    """The ADK events of ``get_with_events_json``'s text, and the newest one's timestamp
+    (microseconds), or None without events.
+
+    Events this adapter wrote are validated straight from the text, all at once
+    (``transcript_validator``); if any does not validate so, or is not an ADK event's dump
+    (a content without ``actions`` and ``id``, as another writer appends), the text is
+    decoded and each event read as ``_from_record`` reads it.
+    """
+    global _transcript
+    if _transcript is None:
+        _transcript = transcript_validator(AdkEvent)
+    try:
+        items = _transcript.validate_json(text)
+    except ValidationError:
+        items = None
+    if items is not None and all(item[4].model_fields_set >= _ADK_EVENT_KEYS for item in items):
+        return [item[4] for item in items], items[-1][-1] if items else None
+    records = [event_from_array(item) for item in from_json(text)]
+    newest = (records[-1].timestamp - _EPOCH) // _ONE_MICROSECOND if records else None
+    return [_from_record(record) for record in records], newest
+
+
 def _strip_id(session_id: str | None) -> str | None:
     """Normalise a session id as ADK's in-memory service does: padding stripped."""
     return session_id.strip() if session_id else session_id
@@ -364,6 +392,21 @@ class DurableSessionService(BaseSessionService):
             return None
         return stored
 
+    async def _load_json(
+        self, org_id: str, app_name: str, user_id: str, session_id: str, limit: int | None
+    ) -> tuple[Session, str] | None:
+        """``_load``, with the events as JSON text (``Store.get_with_events_json``)."""
+        try:
+            durable_id = durable_session_id(app_name, user_id, session_id)
+            if not session_id:
+                return None
+            stored, text = await self.store.get_with_events_json(org_id, durable_id, limit=limit)
+        except (SessionNotFoundError, InvalidArgumentError):
+            return None
+        if stored.app_name != app_name or stored.user_id != user_id:
+            return None
+        return stored, text
+
     async def create_session(
         self,
         *,
@@ -416,19 +459,25 @@ class DurableSessionService(BaseSessionService):
         after = config.after_timestamp if config else None
         check_limit(limit)  # a bad limit is the caller's error, not a missing session
         session_id = _strip_id(session_id) or ""
-        # One store read: the session and its newest events (one, for the update time).
+        # One store read: the session and its newest events (one, for the update time), as
+        # JSON text that the events are validated from (_events_from_json).
         read = limit if after is None and limit != 0 else 1
-        stored = await self._load(org_id, app_name, user_id, session_id, read)
-        if stored is None:
+        loaded = await self._load_json(org_id, app_name, user_id, session_id, read)
+        if loaded is None:
             return None
-        records, stored.events = stored.events, []
-        updated = _update_time(stored, records[-1] if records else None)
-        if limit == 0:
-            events: list[AdkEvent] = []
-        elif after is None:
-            events = [_from_record(record) for record in records]
+        stored, text = loaded
+        if after is None and limit != 0:
+            events, newest = _events_from_json(text)
         else:
-            events = await self._events(org_id, stored.id, limit, after)
+            items = from_json(text)
+            newest = items[-1][-1] if items else None
+            events = (
+                []
+                if limit == 0 or after is None
+                else await self._events(org_id, stored.id, limit, after)
+            )
+        # ADK's last_update_time (_update_time): the newest event's, in microseconds.
+        updated = stored.updated_at.timestamp() if newest is None else newest / 1_000_000
         return _to_adk(stored, session_id, events, updated)
 
     async def _events(

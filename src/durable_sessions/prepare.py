@@ -57,6 +57,7 @@ __all__ = [
     "check_timeout",
     "check_title",
     "check_touch",
+    "event_from_array",
     "event_json",
     "events_json",
     "fork_state",
@@ -339,6 +340,22 @@ def event_json(
     return (
         f"[{seq},{_quote(event_id)},{_quote(author)},{_quote(invocation_id)},"
         f"{content},{state_delta},{tokens},{micros(timestamp)}]"
+    )
+
+
+def event_from_array(item: list[Any]) -> Event:
+    """An event from its ``[seq, id, author, invocation_id, content, state_delta, tokens,
+    epoch microseconds]`` array (Postgres's transcript, ``Store.get_with_events_json``)."""
+    seq, event_id, author, invocation_id, content, state_delta, tokens, moment = item
+    return Event(
+        author=author,
+        content=content,
+        invocation_id=invocation_id,
+        state_delta=state_delta,
+        tokens=tokens,
+        id=event_id,
+        timestamp=_EPOCH + timedelta(microseconds=moment),
+        seq=seq,
     )
 
 

@@ -57,7 +57,7 @@ from durable_sessions import (
     Store,
     StoreUnavailableError,
 )
-from durable_sessions._adk_models import construct, constructor, rebuild
+from durable_sessions._adk_models import construct, constructor, rebuild, transcript_validator
 from durable_sessions.adk import DurableSessionService, durable_session_id
 from durable_sessions.state import validate_id
 from support.sql import SQL_BACKENDS, data_statements, statements
@@ -1296,6 +1296,70 @@ def test_stored_events_are_rebuilt_exactly_as_model_validate_builds_them() -> No
         assert_same(rebuild(Event, data), Event.model_validate(data))
     with pytest.raises(pydantic.ValidationError):
         rebuild(Event, {**base, "author": ["not", "text"]})
+
+
+def transcript_text(contents: list[Any]) -> str:
+    """The text of ``Store.get_with_events_json`` for events of these contents."""
+    items = [
+        [n, f"e{n}", "a", "i", c, {"k": n}, 0, 1_700_000_000_000_000 + n]
+        for n, c in enumerate(contents, 1)
+    ]
+    return json.dumps(items)
+
+
+def test_stored_events_are_validated_from_json_as_model_validate_builds_them() -> None:
+    validator = transcript_validator(Event)
+    dumps = [
+        json.loads(json.dumps(event.model_dump(mode="json", exclude_none=True)))
+        for event in sample_events()
+    ]
+    items = validator.validate_json(transcript_text(dumps))
+    assert [item[0] for item in items] == list(range(1, len(dumps) + 1))
+    for item, data in zip(items, dumps, strict=True):
+        assert_same(item[4], Event.model_validate(data))
+    # The classes keep their own validators (and stay complete) once it is built.
+    assert Event.__pydantic_complete__ is True
+    assert types.Part.__pydantic_complete__ is True
+    base = dumps[1]
+    assert_same(Event.model_validate(base), rebuild(Event, base))
+    # What it does not take raises, so that callers validate the usual way: the shortcuts
+    # ADK's Event routes (and any key Event does not declare), other types, bad values.
+    for data in (
+        {**base, "state": {"via": "shortcut"}},
+        {**base, "message": "hi"},
+        {**base, "not_a_field": 1},
+        {**base, "author": ["not", "text"]},
+        {**base, "content": {"parts": [{"text": "x", "unknown": 1}]}},
+        "plain text",
+        None,
+    ):
+        with pytest.raises(pydantic.ValidationError):
+            validator.validate_json(transcript_text([data]))
+    assert validator.validate_json("[]") == []
+
+
+async def test_an_adk_shaped_event_of_another_writer_reads_as_model_validate_reads_it(
+    service: DurableSessionService, store: Store
+) -> None:
+    session = await service.create_session(app_name=APP, user_id="u")
+    await service.append_event(session, delta_event({"a": 1}))
+    dump = delta_event({"b": 2}).model_dump(mode="json", exclude_none=True)
+    shortcut = {**dump, "id": "other", "state": {"via": "shortcut"}}
+    await store.append_event(ORG, durable(session), DurableEvent(author="user", content=shortcut))
+    await store.append_event(ORG, durable(session), DurableEvent(author="user", content="hi"))
+    events = (await reload(service, session)).events
+    assert events[0] == session.events[0]
+    assert_same(events[1], Event.model_validate(shortcut))
+    assert events[1].actions.state_delta == {"via": "shortcut"}
+    assert events[2].content == types.Content(role="user", parts=[types.Part(text="hi")])
+    newest = await service.get_session(
+        app_name=APP,
+        user_id="u",
+        session_id=session.id,
+        config=GetSessionConfig(num_recent_events=1),
+    )
+    assert newest is not None
+    assert [e.content for e in newest.events] == [events[2].content]
 
 
 def test_sessions_are_built_as_their_constructor_builds_them() -> None:

@@ -13,7 +13,6 @@ import builtins
 import gc
 import json
 import threading
-from datetime import datetime, timedelta, timezone
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from ..errors import SessionNotFoundError, StaleSessionError
@@ -23,6 +22,7 @@ from ..prepare import (
     OwnerState,
     check_counters,
     check_shared_deletes,
+    event_from_array,
     event_json,
     merge_state,
 )
@@ -42,8 +42,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 class Job(NamedTuple, Generic[T]):
@@ -141,22 +139,6 @@ def event_from_row(row: Any) -> Event:
         id=row.id,
         timestamp=row.timestamp,
         seq=row.seq,
-    )
-
-
-def event_from_array(item: list[Any]) -> Event:
-    """An event from Postgres's ``[seq, id, author, invocation_id, content, state_delta,
-    tokens, epoch microseconds]`` array."""
-    seq, event_id, author, invocation_id, content, state_delta, tokens, micros = item
-    return Event(
-        author=author,
-        content=content,
-        invocation_id=invocation_id,
-        state_delta=state_delta,
-        tokens=tokens,
-        id=event_id,
-        timestamp=_EPOCH + timedelta(microseconds=micros),
-        seq=seq,
     )
 
 

@@ -63,9 +63,12 @@ def _state(worker: int, i: int) -> dict[str, Any]:
 class Filled:
     """One database of one state, filled from empty through the public API."""
 
-    def __init__(self, backend: str, state: str, tmpdir: Path, lifetime: float) -> None:
+    def __init__(
+        self, backend: str, state: str, tmpdir: Path, lifetime: float, settings: dict[str, str]
+    ) -> None:
         self.state = state
         self.lifetime = lifetime
+        self.settings = settings
         self.db = Database(backend, f"fresh_{state}", tmpdir)
         self.engine: AsyncEngine | None = None
         self.store: SQLStore | None = None
@@ -74,7 +77,9 @@ class Filled:
 
     async def open(self) -> None:
         await self.db.create()
-        args = {"max_cached_statement_lifetime": self.lifetime}
+        args: dict[str, Any] = {"max_cached_statement_lifetime": self.lifetime}
+        if self.settings:
+            args["server_settings"] = self.settings
         self.engine = create_async_engine(
             self.db.url,
             pool_size=POOL,
@@ -254,12 +259,13 @@ async def run(
     concurrency: int,
     explain: bool,
     lifetime: float,
+    settings: dict[str, str],
 ) -> dict[str, Any]:
     """Fill one database per state, then time each op on each state in turn, per round."""
     if "analyzed" not in states:
         states = [*states, "analyzed"]
     tmpdir = new_tmpdir()
-    opened = [Filled(backend, state, tmpdir, lifetime) for state in states]
+    opened = [Filled(backend, state, tmpdir, lifetime, settings) for state in states]
     plans: dict[str, dict[str, list[str]]] = {}
     try:
         for filled in opened:
@@ -287,6 +293,7 @@ async def run(
             "states": states,
             "sessions": sessions,
             "statement_lifetime": lifetime,
+            "pg_settings": settings,
             "ops": {},
         }
         for name in names:
@@ -348,16 +355,24 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="asyncpg's max_cached_statement_lifetime, seconds (0: the connection's life)",
     )
+    parser.add_argument(
+        "--pg-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Postgres setting of every connection of the stores (e.g. enable_seqscan=off)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     backends = ["sqlite", "postgres"] if args.backend == "all" else [args.backend]
+    settings = dict(item.split("=", 1) for item in args.pg_setting)
     states = [s for s in args.states.split(",") if s]
     if unknown := set(states) - set(STATES):
         parser.error(f"unknown states: {', '.join(sorted(unknown))}")
     results = [
         asyncio.run(
             run(b, states, args.sessions, args.early, args.rounds, args.ops, args.concurrency,
-                args.explain, args.statement_lifetime)
+                args.explain, args.statement_lifetime, settings)
         )
         for b in backends
     ]  # fmt: skip

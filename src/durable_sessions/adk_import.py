@@ -12,8 +12,10 @@ writes, in one transaction of the target, all or nothing:
 
 Afterwards ``DurableSessionService`` returns the same sessions, events, state and update
 times from every call that ADK's service returned. The source is only read (a SQLite file is
-opened read-only). Memory stays flat: sessions are read in pages and events streamed, and
-rows are written in batches. A second import of the same data is refused at the first
+opened read-only). Memory stays flat, whatever the number or size of events: sessions are
+read in pages; events are streamed without their data, which is read in batches of at most
+BATCH_BYTES (or one event); rows are written in batches of at most BATCH_SIZE rows and
+BATCH_BYTES. A second import of the same data is refused at the first
 session or state key that already exists; nothing is written, so a failed or interrupted
 import can simply be run again.
 
@@ -36,14 +38,17 @@ from google.adk.events.event import Event as AdkEvent
 from pydantic import ValidationError
 from sqlalchemy import (
     Column,
+    ColumnElement,
     DateTime,
     Dialect,
+    LargeBinary,
     MetaData,
     String,
     Table,
     Text,
     TypeDecorator,
     bindparam,
+    cast,
     func,
     inspect,
     make_url,
@@ -71,7 +76,11 @@ __all__ = ["AdkImportCounts", "AdkImportError", "import_adk"]
 PAGE_SIZE = 500
 """ADK sessions (or state rows) read per page; their events are streamed."""
 BATCH_SIZE = 500
-"""Rows inserted per statement."""
+"""Rows inserted per statement, and events read per batch, at most."""
+BATCH_BYTES = 8 << 20
+"""Event data read per batch, and written per statement, at most (as JSON text; an event
+larger than this alone): memory does not grow with the size of events
+(tests/adapters/test_adk_import.py)."""
 
 _ASYNC = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
 _MIGRATE_FIRST = (
@@ -318,10 +327,12 @@ def _session_row(org_id: str, row: Row[Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _event_row(org_id: str, session: dict[str, Any], seq: int, row: Row[Any]) -> dict[str, Any]:
-    """The durable row of an ADK event: the event as ADK returns it, stored as the adapter
-    stores an appended one."""
-    data = dict(row.event_data or {})
+def _event_row(
+    org_id: str, session: dict[str, Any], seq: int, row: Row[Any], event_data: Any
+) -> dict[str, Any]:
+    """The durable row of an ADK event (``row`` without its data, ``event_data``): the event
+    as ADK returns it, stored as the adapter stores an appended one."""
+    data = dict(event_data or {})
     if data.get("timestamp") is None:  # as ADK reads it: the column when the JSON has none
         data["timestamp"] = _utc(row.timestamp).timestamp()
     what = f"event {row.id!r} of ADK session {row.session_id!r} of user {row.user_id!r}"
@@ -380,10 +391,13 @@ class _Writer:
             for name, table in _TABLES.items()
         }
         self.pending: dict[str, list[dict[str, Any]]] = {t: [] for t in self.inserts}
+        self.sizes = dict.fromkeys(self.inserts, 0)
 
-    async def add(self, table: str, row: dict[str, Any]) -> None:
+    async def add(self, table: str, row: dict[str, Any], size: int = 0) -> None:
+        """Add a row to insert; ``size`` is about how many bytes of JSON it holds."""
         self.pending[table].append(row)
-        if len(self.pending[table]) >= BATCH_SIZE:
+        self.sizes[table] += size
+        if len(self.pending[table]) >= BATCH_SIZE or self.sizes[table] >= BATCH_BYTES:
             await self.flush(table)
 
     async def flush(self, *tables: str) -> None:
@@ -399,6 +413,7 @@ class _Writer:
                 raise AdkImportError(f"{_clash(table, clash)}; nothing was imported")
             setattr(self.counts, _COUNTED[table], getattr(self.counts, _COUNTED[table]) + len(rows))
             rows.clear()
+            self.sizes[table] = 0
 
 
 _COUNTED = {
@@ -474,22 +489,23 @@ async def _copy_sessions(
         first, last = page[0], page[-1]
         owner = tuple_(e.c.app_name, e.c.user_id, e.c.session_id)
         of_page = (
-            select(e)
+            select(*_EVENT_KEY, e.c.invocation_id, e.c.timestamp, _size(source).label("size"))
             .where(owner >= tuple_(first.app_name, first.user_id, first.id))
             .where(owner <= tuple_(last.app_name, last.user_id, last.id))
             # As ADK returns a session's events: by timestamp, then id.
             .order_by(e.c.app_name, e.c.user_id, e.c.session_id, e.c.timestamp, e.c.id)
         )
         counted: dict[str, list[int]] = {}
-        async for row in _streamed(source, of_page):
+        async for row, event_data in _with_data(source, _streamed(source, of_page)):
             session = by_key.get((row.app_name, row.user_id, row.session_id))
             if session is None:
                 continue  # an event without its session: ADK never returns it
             seen = counted.setdefault(session["id"], [0, 0])
             seen[0] += 1
-            made = _event_row(org_id, session, seen[0], row)
+            made = _event_row(org_id, session, seen[0], row, event_data)
+            del event_data
             seen[1] += made["tokens"]
-            await writer.add("ds_events", made)
+            await writer.add("ds_events", made, row.size)
         await writer.flush("ds_events")
         if counted:
             finished = [
@@ -500,6 +516,50 @@ async def _copy_sessions(
                 await writer.conn.execute(_finish, finished)
         if progress is not None:
             progress(len(page))
+
+
+_EVENT_KEY = (_events.c.id, _events.c.app_name, _events.c.user_id, _events.c.session_id)
+"""The primary key of ADK's events, in its order."""
+
+
+def _size(source: _Source) -> ColumnElement[int]:
+    """The size of an event's data as JSON text, in bytes (0 for NULL), read with its key."""
+    data = _events.c.event_data
+    if source.conn.dialect.name == "postgresql":
+        size = func.octet_length(cast(data, Text))
+    else:  # SQLite keeps JSON as text: its length in bytes, as a BLOB
+        size = func.length(cast(data, LargeBinary))
+    return func.coalesce(size, 0)
+
+
+async def _with_data(
+    source: _Source, rows: AsyncIterator[Row[Any]]
+) -> AsyncIterator[tuple[Row[Any], Any]]:
+    """Each event row (streamed without its data) with its data, read by primary key in
+    batches of at most BATCH_SIZE events and BATCH_BYTES (or one larger event), on the
+    source's connection and snapshot, as the rows are reached."""
+    batch: list[Row[Any]] = []
+    total = 0
+    async for row in rows:
+        if batch and (len(batch) >= BATCH_SIZE or total + row.size > BATCH_BYTES):
+            async for item in _filled(source, batch):
+                yield item
+            batch, total = [], 0
+        batch.append(row)
+        total += row.size
+    async for item in _filled(source, batch):
+        yield item
+
+
+async def _filled(source: _Source, batch: list[Row[Any]]) -> AsyncIterator[tuple[Row[Any], Any]]:
+    if not batch:
+        return
+    keys = [tuple(row._mapping[col.name] for col in _EVENT_KEY) for row in batch]
+    query = select(*_EVENT_KEY, _events.c.event_data).where(tuple_(*_EVENT_KEY).in_(keys))
+    with source.errors():
+        found = {tuple(row[:4]): row.event_data for row in await source.conn.execute(query)}
+    for row, key in zip(batch, keys, strict=True):
+        yield row, found.pop(key, None)
 
 
 async def _streamed(source: _Source, query: Any) -> AsyncIterator[Row[Any]]:

@@ -4,11 +4,14 @@ call answered alike by ADK's service on the source and DurableSessionService on 
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import os
 import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,7 @@ from durable_sessions.adk import (
     durable_session_id,
     import_adk,
 )
+from support.memory import run_measured
 from support.sql import SQL_BACKENDS, snapshot
 
 ORG = "acme"
@@ -353,3 +357,169 @@ async def test_the_command_imports_once_and_explains_failures_in_one_line(
         assert failed.stderr.count("\n") == 1
         assert "s3cret" not in failed.stderr
     assert backend in ("sqlite", "postgres")
+
+
+# -- the source is only read; memory stays flat ---------------------------------------------
+
+
+def beside(path: Path) -> dict[str, tuple[str, int]]:
+    """Every file in the source's directory: its SHA-256 and its mtime (ns)."""
+    return {
+        entry.name: (hashlib.sha256(entry.read_bytes()).hexdigest(), entry.stat().st_mtime_ns)
+        for entry in sorted(path.parent.iterdir())
+    }
+
+
+@pytest.mark.parametrize("journal", ["delete", "wal"])
+async def test_a_sqlite_source_is_only_read(tmp_path: Path, store: Store, journal: str) -> None:
+    """The import opens a SQLite source read-only: its bytes and mtime are unchanged. In
+    ADK's own (rollback) journal mode no file is made beside it (no -journal, -wal or -shm);
+    a file switched to WAL gets what SQLite gives any reader of a WAL database, an empty
+    -wal and the -shm index, and nothing else."""
+    path = tmp_path / "source" / "adk.db"
+    path.parent.mkdir()
+    url = f"sqlite+aiosqlite:///{path}"
+    adk = DatabaseSessionService(db_url=url)
+    try:
+        kept = await write_with_adk(adk)
+    finally:
+        await adk.close()
+    raw = sqlite3.connect(path)
+    assert raw.execute(f"PRAGMA journal_mode = {journal}").fetchone() == (journal,)
+    raw.close()
+    # An old mtime: a write now, however small, would move it.
+    os.utime(path, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    before = beside(path)
+    assert list(before) == ["adk.db"]
+    assert isinstance(store, SQLStore)
+    readers = {"adk.db-wal", "adk.db-shm"} if journal == "wal" else set()
+
+    def unchanged() -> None:
+        after = beside(path)
+        assert after["adk.db"] == before["adk.db"]
+        assert set(after) == {"adk.db", *readers}
+        if readers:
+            assert (path.parent / "adk.db-wal").stat().st_size == 0
+
+    counts = await import_adk(url, store, org_id=ORG)
+    assert counts.sessions == len(kept)
+    unchanged()
+    # The command too (with a plain sqlite:/// URL), into another organisation.
+    target = store.engine.url.render_as_string(hide_password=False)
+    done = await asyncio.to_thread(
+        cli, "--url", target, "import-adk", "--from", f"sqlite:///{path}", "--org", "again"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Imported 7 sessions" in done.stdout
+    unchanged()
+
+
+BIG_EVENT_CHARS = (1 << 20) - 1024
+"""The text of a large event: with the rest of it, about 1 MiB as JSON."""
+EVENTS_PER_SESSION = 10
+SIZES = (50, 200)
+"""Events of about 1 MiB in the small and the large source."""
+GROWTH_MIB = 96
+"""What an import may add to its memory at its peak, whatever the data: about 45-57 MiB
+here (batches of BATCH_BYTES read, decoded, converted and written); before events were read
+and written in batches of bounded bytes, 164 and 673 MiB into SQLite, 252 and 1,057 MiB into
+Postgres, for 50 and 200 events."""
+SPREAD_MIB = 16
+"""How much more the import of 4 times the data may add: noise, not the data."""
+
+
+async def write_big(url: str, events: int) -> None:
+    """An ADK database of ``events`` events of about 1 MiB each, written by ADK itself, in
+    sessions of EVENTS_PER_SESSION (none held in memory for long)."""
+    adk = DatabaseSessionService(db_url=url)
+    try:
+        for start in range(0, events, EVENTS_PER_SESSION):
+            session = await adk.create_session(
+                app_name="big", user_id=f"user-{start}", state={"n": start, "user:k": start}
+            )
+            for n in range(start, min(events, start + EVENTS_PER_SESSION)):
+                await adk.append_event(
+                    session,
+                    event(
+                        n,
+                        "model",
+                        content=text("model", "x" * BIG_EVENT_CHARS),
+                        usage_metadata=types.GenerateContentResponseUsageMetadata(
+                            total_token_count=n
+                        ),
+                    ),
+                )
+                session.events.clear()  # only this test's copy: ADK stores each as appended
+    finally:
+        await adk.close()
+
+
+@pytest.fixture(scope="module")
+def big_sources(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """A small ADK database (to warm up with) and one of each of SIZES, made once."""
+    where = tmp_path_factory.mktemp("big-adk")
+    urls = {size: f"sqlite+aiosqlite:///{where / f'adk-{size}.db'}" for size in (1, *SIZES)}
+
+    async def build() -> None:
+        for size, url in urls.items():
+            await write_big(url, size)
+
+    with ThreadPoolExecutor(1) as pool:  # its own loop, off any test's
+        pool.submit(asyncio.run, build()).result()
+    return urls
+
+
+MEASURE = """
+import asyncio, sys
+from sqlalchemy.ext.asyncio import create_async_engine
+from durable_sessions import SQLStore
+from durable_sessions.adk import import_adk
+from support.memory import peak_kib, restart_peak
+
+async def main():
+    warm, source, target, org = sys.argv[1:5]
+    engine = create_async_engine(target)
+    store = SQLStore(engine)
+    # Every module loaded, every statement compiled, a connection open on each side.
+    await import_adk(warm, store, org_id="warm-" + org)
+    before = restart_peak()
+    counts = await import_adk(source, store, org_id=org)
+    peak = peak_kib()
+    await engine.dispose()
+    print(counts.events, before, peak)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+async def test_import_memory_does_not_grow_with_the_data(
+    big_sources: dict[int, str], store: Store, backend_url: str
+) -> None:
+    """Sources of 50 and 200 events of 1 MiB, each imported by a child process (VmHWM):
+    its peak stays under GROWTH_MIB over its memory before importing, and the import of 4
+    times the data adds at most SPREAD_MIB more."""
+    growth = {}
+    for size in SIZES:
+        out = await asyncio.to_thread(
+            run_measured, MEASURE, big_sources[1], big_sources[size], backend_url, f"o{size}"
+        )
+        events, before, peak = map(int, out.split())
+        assert events == size
+        growth[size] = (peak - before) / 1024
+    small, large = (growth[size] for size in SIZES)
+    assert large < GROWTH_MIB, growth
+    assert large - small < SPREAD_MIB, growth
+    # The data arrived whole: every session, event and token, and the text of an event.
+    imported = await store.list(Filter("o200"))
+    assert len(imported) == 200 // EVENTS_PER_SESSION
+    assert sum(s.message_count for s in imported) == 200
+    assert sum(s.token_total for s in imported) == sum(range(200))
+    ours = DurableSessionService(store, org_id="o200")
+    adk_id = imported[0].id.rpartition("/")[2]
+    got = await ours.get_session(app_name="big", user_id=imported[0].user_id, session_id=adk_id)
+    assert got is not None
+    assert len(got.events) == EVENTS_PER_SESSION
+    texts = [e.content.parts[0].text for e in got.events if e.content and e.content.parts]
+    assert texts == ["x" * BIG_EVENT_CHARS] * EVENTS_PER_SESSION

@@ -24,6 +24,7 @@ from durable_sessions.cli import main
 from durable_sessions.sql import transfer
 from durable_sessions.sql.schema import sessions
 from durable_sessions.sql.transfer import dumps
+from support.memory import run_measured
 from support.sql import raw_pg
 
 PROG = "durable-sessions"
@@ -977,28 +978,19 @@ def _write_big_export(path: Path, count: int) -> None:
 
 MEASURE = """
 import sys
-from pathlib import Path
 from durable_sessions.cli import main
-
-def status(field):
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])  # KiB
+from support.memory import peak_kib, restart_peak
 
 assert main(sys.argv[1:3] + ["check"]) == 0  # load every module and open the database once
-Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
-before = status("VmRSS")
+before = restart_peak()
 code = main(sys.argv[1:])
-print(code, (status("VmHWM") - before) // 1024)
+print(code, (peak_kib() - before) // 1024)
 """
 
 
 def _peak_growth_mib(*argv: str) -> int:
-    done = subprocess.run(
-        [sys.executable, "-c", MEASURE, *argv], capture_output=True, timeout=600, check=True
-    )
-    code, growth = done.stdout.splitlines()[-1].split()
-    assert code == b"0", done.stderr
+    code, growth = run_measured(MEASURE, *argv).splitlines()[-1].split()
+    assert code == "0"
     return int(growth)
 
 

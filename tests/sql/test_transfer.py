@@ -6,7 +6,6 @@ import asyncio
 import io
 import json
 import random
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from durable_sessions.sql.transfer import (
     page_queries,
 )
 from durable_sessions.state import MAX_ID_BYTES, MAX_KEY_BYTES
+from support.memory import run_measured
 from support.sql import SQL_BACKENDS, snapshot, statements
 
 pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
@@ -261,29 +261,20 @@ import asyncio, sys
 from sqlalchemy.ext.asyncio import create_async_engine
 from durable_sessions import SQLStore
 from durable_sessions.sql.transfer import count_sessions, export_jsonl
+from support.memory import peak_kib, restart_peak
 
 class Sink:
     def write(self, data):
         return len(data)
 
-def status_kib(field):
-    # VmHWM is this process's own peak: ru_maxrss would also count the parent's RSS,
-    # which Linux carries over a fork and exec.
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-
 async def main():
     engine = create_async_engine(sys.argv[1])
     store = SQLStore(engine)
     await count_sessions(store)  # every module loaded, a connection open
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # the peak (VmHWM) starts again from the current RSS
-    before = status_kib("VmRSS")
+    before = restart_peak()
     counts = await export_jsonl(store, Sink())
     await engine.dispose()
-    print(counts.events, before, status_kib("VmHWM"))
+    print(counts.events, before, peak_kib())
 
 asyncio.run(main())
 """
@@ -303,14 +294,8 @@ async def test_export_memory_stays_flat_with_300_events_of_1_mib(
     big = "x" * ((1 << 20) - 2)  # 1 MiB as JSON, the default max_value_bytes
     for _ in range(30):
         await store.append_events("o", session.id, [Event("bot", big) for _ in range(10)])
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-c", MEASURE, backend_url],
-        capture_output=True,
-        check=True,
-        timeout=600,
-    )
-    events, before, peak = map(int, done.stdout.split())
+    out = await asyncio.to_thread(run_measured, MEASURE, backend_url)
+    events, before, peak = map(int, out.split())
     assert events == 300
     growth_mib = (peak - before) / 1024
     assert growth_mib < CEILING_MIB, f"peak {peak / 1024:.0f} MiB, {growth_mib:.0f} MiB more"

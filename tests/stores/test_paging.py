@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -17,6 +18,7 @@ from durable_sessions import (
     Filter,
     InMemoryStore,
     InvalidArgumentError,
+    Manager,
     Page,
     Session,
     SQLStore,
@@ -150,3 +152,42 @@ async def test_a_cursor_never_starts_with_a_dash() -> None:
     cursors = [page.next_cursor for page in await _walk(store, Filter("org", limit=1))][:-1]
     assert len(cursors) == 299
     assert all(c is not None and c[0] == "P" for c in cursors)
+
+
+async def test_the_page_size_and_with_state_may_change_from_page_to_page(store: Store) -> None:
+    """README: "The page size and `with_state` may change from page to page". One walk per
+    listing, each page asking for another size and with or without state: every session
+    comes exactly once, in list's order; each page holds the size it asked for (but the
+    last), and its sessions carry their whole state (as ``get`` reads it) exactly on the
+    pages that asked for it."""
+    manager = Manager(store, app_name="app")
+    for n in range(23):
+        await manager.create(
+            "org", "alice" if n % 2 else "bob", state={"n": n, "user:u": n % 2, "app:a": "all"}
+        )
+    await manager.create("other-org", "alice", state={"n": -1})
+    plan = [(1, True), (3, False), (2, True), (5, False), (4, True), (0, False)]
+    for listing in (Filter("org"), Filter("org", user_id="alice")):
+        expected = [s.id for s in await manager.list(listing)]
+        assert len(expected) == (23 if listing.user_id is None else 11)
+        walked: list[str] = []
+        cursor = None
+        step = 0
+        while True:
+            limit, with_state = plan[step % len(plan)]
+            filter = replace(listing, limit=limit, with_state=with_state)
+            page = await manager.list_page(filter, cursor=cursor)
+            walked += [s.id for s in page.sessions]
+            assert len(page.sessions) <= (limit or 100)
+            if page.next_cursor is not None:
+                assert len(page.sessions) == (limit or 100)
+            for session in page.sessions:
+                stored = (await store.get("org", session.id)).state
+                assert stored["n"] >= 0
+                assert session.state == (stored if with_state else {}), (step, with_state)
+            step += 1
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert walked == expected
+        assert step >= 4  # the walk went through both kinds of page, back and forth

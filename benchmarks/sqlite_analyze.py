@@ -1,0 +1,341 @@
+"""SQLite: ANALYZE run while the full-text index is small, and appends as the index grows.
+
+The README's search notes say that ``ANALYZE`` (or ``PRAGMA optimize``) run while the FTS5
+index is still small makes SQLite plan FTS5's own range deletes on ``ds_events_fts_data``
+as full scans, so that appends slow down as the index grows, and that deleting that
+table's row of ``sqlite_stat1`` (or analysing again once grown) avoids it. This checks it.
+
+Each variant is a SQLite file migrated and filled through ``SQLStore`` with ``--small``
+events, then:
+
+- ``small``: ``ANALYZE`` run then, never again;
+- ``deleted``: the same ANALYZE, then ``DELETE FROM sqlite_stat1 WHERE tbl =
+  'ds_events_fts_data'`` (the README's remedy);
+- ``regrown``: the same ANALYZE, and ``ANALYZE`` again half way through the appends (the
+  README's other remedy);
+- ``never``: never analysed.
+
+Then every variant's store appends ``--per-round`` events (``append_event``, one event per
+call, each a transaction, spread over ``--sessions`` sessions), variant after variant
+within a round, ``--rounds`` times: the index grows alike in each, and each round gives
+each variant's appends per second and its ratio to ``deleted`` in that round (absolute
+figures move with the machine's load; ratios within a round much less). At the end, the
+statements FTS5 itself runs during appends are traced (``sqlite3`` trace callback, on a
+copy of each file) and each one's ``EXPLAIN QUERY PLAN`` printed per variant.
+
+    python -m benchmarks.sqlite_analyze
+    python -m benchmarks.sqlite_analyze --small 50 --rounds 8 --per-round 1500
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from durable_sessions import Event, Manager, SQLStore
+
+ORG = "bench"
+VARIANTS = ("small", "deleted", "regrown", "never")
+STAT_DELETE = "DELETE FROM sqlite_stat1 WHERE tbl = 'ds_events_fts_data'"
+VOCABULARY = [f"w{n}" for n in range(5_000)]
+WORDS = 12
+
+
+def content(rng: random.Random) -> dict[str, Any]:
+    """An ADK-shaped event content of WORDS words drawn from VOCABULARY."""
+    text = " ".join(rng.choice(VOCABULARY) for _ in range(WORDS))
+    return {"parts": [{"text": text}], "role": "user"}
+
+
+class Variant:
+    """One SQLite file, its engine and store, and the sessions appended to."""
+
+    def __init__(self, name: str, path: Path) -> None:
+        self.name = name
+        self.path = path
+        self.url = f"sqlite+aiosqlite:///{path}"
+        self.engine: AsyncEngine | None = None
+        self.store: SQLStore | None = None
+        self.sessions: list[str] = []
+        self.rng = random.Random(name)
+        self.appended = 0
+        self.bulked = 0
+
+    async def open(self) -> SQLStore:
+        """A new engine: its connections read sqlite_stat1 afresh."""
+        if self.engine is not None:
+            await self.engine.dispose()
+        self.engine = create_async_engine(self.url)
+        self.store = SQLStore(self.engine)
+        return self.store
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await self.engine.dispose()
+            self.engine = None
+
+    async def append(self, count: int) -> float:
+        """Append ``count`` events, one call each; return the seconds taken."""
+        store = self.store
+        assert store is not None
+        began = time.perf_counter()
+        for n in range(count):
+            session_id = self.sessions[(self.appended + n) % len(self.sessions)]
+            await store.append_event(ORG, session_id, Event("user", content(self.rng)))
+        self.appended += count
+        return time.perf_counter() - began
+
+
+BULK_SESSIONS = 10
+BULK_TRANSACTION = 20_000
+
+
+def bulk(variant: Variant, count: int) -> float:
+    """Grow the index: insert ``count`` events into the bulk sessions through ds_events (its
+    triggers index them), BULK_TRANSACTION per transaction, on a connection of its own;
+    return the seconds taken. The store never appends to these sessions."""
+    began = time.perf_counter()
+    con = sqlite3.connect(variant.path, isolation_level=None)
+    try:
+        done = 0
+        while done < count:
+            rows = []
+            for _ in range(min(BULK_TRANSACTION, count - done)):
+                n = variant.bulked
+                session, seq = f"b{n % BULK_SESSIONS:03d}", n // BULK_SESSIONS + 1
+                rows.append((ORG, session, seq, f"bulk-{n}", _json(content(variant.rng))))
+                variant.bulked += 1
+            con.execute("BEGIN IMMEDIATE")
+            con.executemany(
+                "INSERT INTO ds_events (org_id, session_id, seq, id, author, invocation_id, "
+                "content, state_delta, tokens, timestamp) VALUES (?, ?, ?, ?, 'user', '', ?, "
+                "'{}', 0, '2025-01-01 00:00:00.000000')",
+                rows,
+            )
+            con.execute("COMMIT")
+            done += len(rows)
+    finally:
+        con.close()
+    return time.perf_counter() - began
+
+
+def run_sql(path: Path, *sql: str) -> list[Any]:
+    """Run statements on a connection of its own; return the rows of the last."""
+    with sqlite3.connect(path) as con:
+        rows: list[Any] = []
+        for statement in sql:
+            rows = con.execute(statement).fetchall()
+    con.close()
+    return rows
+
+
+async def prepare(variant: Variant, small: int, sessions: int) -> None:
+    """Migrate and fill ``small`` events through the store; analyse as the variant says."""
+    store = await variant.open()
+    await store.migrate()
+    manager = Manager(store, app_name="bench-app")
+    variant.sessions = [
+        (await manager.create(ORG, f"user-{n % 4}", id=f"s{n:03d}")).id for n in range(sessions)
+    ]
+    for n in range(BULK_SESSIONS):
+        await manager.create(ORG, "bulk", id=f"b{n:03d}")
+    await variant.append(small)
+    await variant.close()
+    if variant.name != "never":
+        run_sql(variant.path, "ANALYZE")
+    if variant.name == "deleted":
+        run_sql(variant.path, STAT_DELETE)
+    await variant.open()
+
+
+def stat_of_data(path: Path) -> str:
+    """The sqlite_stat1 row of ds_events_fts_data: its row count when analysed, "-" when not."""
+    if not run_sql(path, "SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'"):
+        return "-"
+    rows = run_sql(path, "SELECT stat FROM sqlite_stat1 WHERE tbl = 'ds_events_fts_data'")
+    return rows[0][0] if rows else "-"
+
+
+def data_rows(path: Path) -> int:
+    return int(run_sql(path, "SELECT count(*) FROM ds_events_fts_data")[0][0])
+
+
+# -- FTS5's own statements and their plans ------------------------------------------------
+
+
+def traced_fts_statements(path: Path, appends: int) -> list[str]:
+    """The statements FTS5 runs on its shadow tables while events are inserted one
+    transaction at a time (on a copy of the file; triggers fire as for the store's
+    appends), distinct, parameters as ``?``."""
+    copy = path.with_name(path.stem + "-trace.db")
+    shutil.copy(path, copy)
+    seen: list[str] = []
+    con = sqlite3.connect(copy, isolation_level=None)
+    try:
+        session = "s000"
+        (seq,) = con.execute(
+            "SELECT coalesce(max(seq), 0) FROM ds_events WHERE org_id = ? AND session_id = ?",
+            (ORG, session),
+        ).fetchone()
+        con.set_trace_callback(seen.append)
+        rng = random.Random(0)
+        for n in range(appends):
+            con.execute("BEGIN IMMEDIATE")
+            con.execute(
+                "INSERT INTO ds_events (org_id, session_id, seq, id, author, invocation_id, "
+                "content, state_delta, tokens, timestamp) VALUES (?, ?, ?, ?, 'user', '', ?, "
+                "'{}', 0, '2025-01-01 00:00:00.000000')",
+                (ORG, session, seq + n + 1, f"trace-{n}", _json(content(rng))),
+            )
+            con.execute("COMMIT")
+        con.set_trace_callback(None)
+    finally:
+        con.close()
+        copy.unlink()
+    distinct: list[str] = []
+    for statement in seen:
+        # Statements run inside another (FTS5's, a trigger's) are reported as "-- SQL".
+        statement = statement.removeprefix("-- ")
+        if "_fts_data" not in statement and "_fts_idx" not in statement:
+            continue
+        general = re.sub(r"[xX]'[0-9a-fA-F]*'", "?", statement)
+        general = re.sub(r"(?<![\w'])-?\d+(?![\w'])", "?", general)
+        if general not in distinct:
+            distinct.append(general)
+    return distinct
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def plan(path: Path, statement: str) -> str:
+    """SQLite's EXPLAIN QUERY PLAN of a statement (parameters bound to 1), on a new
+    connection (which reads sqlite_stat1 as the store's connections do)."""
+    params = [1] * statement.count("?")
+    with sqlite3.connect(path) as con:
+        rows = con.execute(f"EXPLAIN QUERY PLAN {statement}", params).fetchall()
+    con.close()
+    return " | ".join(str(row[-1]) for row in rows)
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="ds-analyze-"))
+    variants = [Variant(name, tmp / f"{name}.db") for name in VARIANTS]
+    print(
+        f"SQLite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}; "
+        f"{args.small} events before ANALYZE, then {args.rounds} rounds of {args.per_round} "
+        f"appends per variant over {args.sessions} sessions",
+        flush=True,
+    )
+    try:
+        for variant in variants:
+            await prepare(variant, args.small, args.sessions)
+        print("\nsqlite_stat1 of ds_events_fts_data after preparing:")
+        for variant in variants:
+            print(f"  {variant.name:<8} {stat_of_data(variant.path)}")
+
+        rates: dict[str, list[float]] = {v.name: [] for v in variants}
+        bulked: dict[str, list[float]] = {v.name: [] for v in variants}
+        print(
+            "\n| round | events | fts_data rows | "
+            + " | ".join(f"{v.name} /s" for v in variants)
+            + " | "
+            + " | ".join(f"{v.name} / deleted" for v in variants if v.name != "deleted")
+            + " |"
+        )
+        print("|" + "---:|" * (3 + 2 * len(variants) - 1))
+        for number in range(1, args.rounds + 1):
+            order = variants[number % len(variants) :] + variants[: number % len(variants)]
+            for variant in order:
+                if args.bulk:
+                    bulked[variant.name].append(args.bulk / bulk(variant, args.bulk))
+            for variant in order:
+                taken = await variant.append(args.per_round)
+                rates[variant.name].append(args.per_round / taken)
+            ratios = {
+                v.name: rates[v.name][-1] / rates["deleted"][-1]
+                for v in variants
+                if v.name != "deleted"
+            }
+            print(
+                f"| {number} | {variants[0].appended + variants[0].bulked:,} | "
+                f"{data_rows(variants[0].path):,} | "
+                + " | ".join(f"{rates[v.name][-1]:,.0f}" for v in variants)
+                + " | "
+                + " | ".join(f"{ratio:.2f}" for ratio in ratios.values())
+                + " |",
+                flush=True,
+            )
+            if number == args.rounds // 2:
+                regrown = next(v for v in variants if v.name == "regrown")
+                await regrown.close()
+                run_sql(regrown.path, "ANALYZE")
+                await regrown.open()
+                print(f"|  | regrown analysed again: {stat_of_data(regrown.path)} |")
+        for variant in variants:
+            await variant.close()
+
+        print("\nMedian appends/s over the last half of the rounds, as a ratio of deleted's:")
+        half = args.rounds // 2
+        base = statistics.median(rates["deleted"][half:])
+        for variant in variants:
+            median = statistics.median(rates[variant.name][half:])
+            print(f"  {variant.name:<8} {median:,.0f}/s  {median / base:.2f}x")
+
+        if args.bulk:
+            print("\nBulk inserts/s (20,000 a transaction) per round:")
+            for variant in variants:
+                figures = ", ".join(f"{rate:,.0f}" for rate in bulked[variant.name])
+                print(f"  {variant.name:<8} {figures}")
+
+        print("\nsqlite_stat1 of ds_events_fts_data at the end:")
+        for variant in variants:
+            print(f"  {variant.name:<8} {stat_of_data(variant.path)}")
+
+        statements = traced_fts_statements(variants[1].path, args.trace)
+        print(f"\nFTS5's statements on its shadow tables during {args.trace} appends, and plans:")
+        for statement in statements:
+            print(f"\n  {statement}")
+            for variant in variants:
+                print(f"    {variant.name:<8} {plan(variant.path, statement)}")
+    finally:
+        for variant in variants:
+            await variant.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.sqlite_analyze", description=__doc__
+    )
+    parser.add_argument("--small", type=int, default=50, help="events before ANALYZE")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--per-round", type=int, default=1500, help="appends per variant")
+    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument(
+        "--bulk", type=int, default=0, help="events inserted per variant before each round"
+    )
+    parser.add_argument("--trace", type=int, default=64, help="appends traced at the end")
+    args = parser.parse_args(argv)
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()

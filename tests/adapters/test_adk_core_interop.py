@@ -38,6 +38,7 @@ from durable_sessions import (
 )
 from durable_sessions.adk import DurableSessionService, durable_session_id
 from durable_sessions.cli import main
+from support.adk import view
 from support.sql import SQL_BACKENDS
 
 ORG = "acme"
@@ -120,20 +121,6 @@ async def fill(service: DurableSessionService) -> dict[tuple[str, str, str], Adk
             service, app_name, user_id, session_id, turns
         )
     return made
-
-
-def view(session: AdkSession | None) -> Any:
-    """What an ADK app sees of a session (the storage marker aside)."""
-    if session is None:
-        return None
-    return (
-        session.id,
-        session.app_name,
-        session.user_id,
-        session.state,
-        session.events,
-        session.last_update_time,
-    )
 
 
 async def everything(service: DurableSessionService, keys: list[tuple[str, str, str]]) -> Any:

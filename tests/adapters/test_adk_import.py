@@ -23,7 +23,6 @@ from google.adk.events.event import Event
 from google.adk.events.event_actions import EventActions
 from google.adk.sessions import DatabaseSessionService
 from google.adk.sessions.base_session_service import BaseSessionService, GetSessionConfig
-from google.adk.sessions.session import Session as AdkSession
 from google.genai import types
 from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -36,6 +35,7 @@ from durable_sessions.adk import (
     durable_session_id,
     import_adk,
 )
+from support.adk import view
 from support.memory import run_measured
 from support.sql import SQL_BACKENDS, snapshot
 
@@ -126,20 +126,6 @@ async def write_with_adk(service: BaseSessionService) -> list[tuple[str, str, st
     await service.append_event(gone, event(40))
     await service.delete_session(app_name="trips", user_id="alice", session_id="gone")
     return kept
-
-
-def view(session: AdkSession | None) -> Any:
-    """What an ADK app sees of a session (the storage marker aside)."""
-    if session is None:
-        return None
-    return (
-        session.id,
-        session.app_name,
-        session.user_id,
-        session.state,
-        session.events,
-        session.last_update_time,
-    )
 
 
 CONFIGS = [

@@ -93,8 +93,17 @@ def _utf8_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
+_ASCII_ID_LENGTH = min(MAX_ID_LENGTH, MAX_ID_BYTES)
+"""The longest ASCII id under both limits (one byte a character)."""
+
+
 def validate_id(name: str, value: object, *, allow_empty: bool = False) -> str:
     """Check an identifier (org id, session id, user id, app name) and return it."""
+    # The common case in one test: ASCII (one byte a character, so under both limits) and
+    # no NUL. Anything else takes the checks below, which say what is wrong.
+    if type(value) is str and value.isascii() and 0 < len(value) <= _ASCII_ID_LENGTH:
+        if "\x00" not in value:
+            return value
     if not isinstance(value, str):
         raise InvalidArgumentError(f"{name} must be a string, not {type(value).__name__}")
     if not value and not allow_empty:
@@ -113,8 +122,16 @@ def validate_id(name: str, value: object, *, allow_empty: bool = False) -> str:
     return value
 
 
+_BARE_PREFIXES = frozenset((USER_PREFIX, APP_PREFIX, TEMP_PREFIX))
+_ASCII_KEY_LENGTH = min(MAX_KEY_LENGTH, MAX_KEY_BYTES)
+"""The longest ASCII key under both limits (one byte a character)."""
+
+
 def validate_key(key: object) -> str:
     """Check that ``key`` can name a state entry; raise ``InvalidStateError`` if not."""
+    if type(key) is str and key.isascii() and 0 < len(key) <= _ASCII_KEY_LENGTH:
+        if "\x00" not in key and key not in _BARE_PREFIXES:
+            return key
     if not isinstance(key, str):
         raise InvalidStateError(repr(key), f"keys must be strings, not {type(key).__name__}")
     if not key:

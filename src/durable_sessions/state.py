@@ -101,9 +101,13 @@ def validate_id(name: str, value: object, *, allow_empty: bool = False) -> str:
     """Check an identifier (org id, session id, user id, app name) and return it."""
     # The common case in one test: ASCII (one byte a character, so under both limits) and
     # no NUL. Anything else takes the checks below, which say what is wrong.
-    if type(value) is str and value.isascii() and 0 < len(value) <= _ASCII_ID_LENGTH:
-        if "\x00" not in value:
-            return value
+    if (
+        type(value) is str
+        and value.isascii()
+        and 0 < len(value) <= _ASCII_ID_LENGTH
+        and "\x00" not in value
+    ):
+        return value
     if not isinstance(value, str):
         raise InvalidArgumentError(f"{name} must be a string, not {type(value).__name__}")
     if not value and not allow_empty:
@@ -129,9 +133,14 @@ _ASCII_KEY_LENGTH = min(MAX_KEY_LENGTH, MAX_KEY_BYTES)
 
 def validate_key(key: object) -> str:
     """Check that ``key`` can name a state entry; raise ``InvalidStateError`` if not."""
-    if type(key) is str and key.isascii() and 0 < len(key) <= _ASCII_KEY_LENGTH:
-        if "\x00" not in key and key not in _BARE_PREFIXES:
-            return key
+    if (
+        type(key) is str
+        and key.isascii()
+        and 0 < len(key) <= _ASCII_KEY_LENGTH
+        and "\x00" not in key
+        and key not in _BARE_PREFIXES
+    ):
+        return key
     if not isinstance(key, str):
         raise InvalidStateError(repr(key), f"keys must be strings, not {type(key).__name__}")
     if not key:

@@ -450,9 +450,13 @@ class SQLStore:
     ) -> Session:
         """Create a child from the parent's private state (and transcript, in SQL)."""
         child_id = check_fork(org_id, session_id, new_session_id)
+        # An incarnation tells apart the lives of one id. A generated child id is new, never
+        # lived before, and every later life of it gets a new_id() of its own: it can serve
+        # as its own first incarnation (one id fewer to make on every fork).
+        incarnation = child_id if new_session_id is None else new_id()
         params = {
             "k_org": org_id, "k_id": session_id, "k_child": child_id, "v_now": utcnow(),
-            "v_with_events": with_events, "v_child_incarnation": new_id(),
+            "v_with_events": with_events, "v_child_incarnation": incarnation,
         }  # fmt: skip
         await self._ready("fork")
         return await self._run(self._programs.fork(params), "fork")

@@ -66,6 +66,7 @@ from .adk import _to_record, durable_session_id
 from .errors import InvalidArgumentError, SessionError
 from .model import new_id
 from .sql.dialect import dialect_ops
+from .sql.runner import TransactionConnection, write_transaction
 from .sql.schema import app_state, events, sessions, user_state
 from .sql.store import SQLStore
 from .sql.translate import translated
@@ -382,7 +383,7 @@ def _state_rows(
 class _Writer:
     """Inserts rows in batches inside the target's transaction; refuses any that exist."""
 
-    def __init__(self, conn: AsyncConnection, counts: AdkImportCounts) -> None:
+    def __init__(self, conn: TransactionConnection, counts: AdkImportCounts) -> None:
         self.conn = conn
         self.counts = counts
         ops = dialect_ops(conn.dialect.name, conn.dialect.driver)
@@ -638,9 +639,7 @@ async def import_adk(
     counts = AdkImportCounts()
     async with _reading(source) as found:
         with translated("import-adk"):
-            async with store.engine.begin() as target:
-                if target.dialect.name == "sqlite":
-                    await target.exec_driver_sql("BEGIN IMMEDIATE")
+            async with write_transaction(store.engine) as target:
                 writer = _Writer(target, counts)
                 await _copy_sessions(found, writer, org_id, progress)
                 await _copy_state(found, writer, org_id)

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import io
 import logging
 import random
 import sqlite3
 import types
 from collections.abc import Awaitable, Callable, Collection, Generator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -455,6 +457,133 @@ async def test_cancel_while_the_pool_connects(sweeper: Sweep, write: str) -> Non
             assert outcome.points < n
             return
     raise AssertionError("never completed")
+
+
+# -- the ADK import: one transaction of the target, a source read meanwhile ----------------------
+
+
+@pytest.fixture(scope="module")
+def adk_source(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small database written by google-adk's own DatabaseSessionService: sessions with
+    events, state in every scope, two users and two apps (made once)."""
+    pytest.importorskip("google.adk", reason="the adk extra (google-adk) is not installed")
+    from google.adk.events.event import Event as AdkEvent
+    from google.adk.events.event_actions import EventActions
+    from google.adk.sessions import DatabaseSessionService
+    from google.genai import types
+
+    url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('adk-source') / 'adk.db'}"
+
+    async def build() -> None:
+        service = DatabaseSessionService(url)
+        main = await service.create_session(
+            app_name="trips",
+            user_id="alice",
+            session_id="main",
+            state={"topic": "paris", "user:lang": "fr", "app:tier": "gold"},
+        )
+        for n in range(3):
+            await service.append_event(
+                main,
+                AdkEvent(
+                    invocation_id=f"inv-{n}",
+                    author="user",
+                    content=types.Content(role="user", parts=[types.Part(text=f"hello {n}")]),
+                    actions=EventActions(state_delta={"k": n, "user:seen": n}),
+                ),
+            )
+        await service.create_session(app_name="other", user_id="bob", state={"n": 1})
+        await service.close()
+
+    with ThreadPoolExecutor(1) as pool:  # its own event loop, off any test's
+        pool.submit(asyncio.run, build()).result()
+    return url
+
+
+def _importing(source: str) -> Op:
+    async def prepare(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+        from durable_sessions.adk import import_adk
+
+        return lambda: import_adk(source, store, org_id=ORG)
+
+    return prepare
+
+
+async def test_cancel_at_every_await_of_an_adk_import(
+    sweeper: Sweep, adk_source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """import_adk cancelled at each of its suspensions (reading the source or writing the
+    target): the target holds all of it or none, no connection stays in a transaction,
+    and the pooled connection commits the next write."""
+    monkeypatch.setitem(WRITES, "import_adk", _importing(adk_source))
+    await sweeper.sweep("import_adk", lambda op, n: attempt(op, {n}), "cancelled at suspension")
+    assert sweeper.cancelled >= 1
+
+
+async def test_driver_call_raises_cancelled_at_every_call_of_an_adk_import(
+    sweeper: Sweep, adk_source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """import_adk's 1st, 2nd, 3rd... driver call raises CancelledError: the target's on
+    Postgres, the source's on both (on SQLite the import runs each target statement to its
+    end in a task of its own, so that a cancellation never leaves one in flight)."""
+    monkeypatch.setitem(WRITES, "import_adk", _importing(adk_source))
+    backend = sweeper.backend
+
+    async def run(op: Callable[[], Awaitable[Any]], n: int) -> Outcome:
+        return await attempt_driver_fault(op, n, backend, monkeypatch)
+
+    await sweeper.sweep("import_adk", run, "driver call")
+    assert sweeper.cancelled >= 1
+
+
+@pytest.fixture(scope="module")
+def jsonl_export(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """An export (``export_jsonl``) of another database: sessions of another organisation,
+    with events and shared state."""
+    from durable_sessions.sql.transfer import export_jsonl
+
+    path = tmp_path_factory.mktemp("jsonl-source") / "source.db"
+
+    async def build() -> bytes:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{path}")
+        try:
+            store = SQLStore(engine)
+            await store.migrate()
+            for n in range(3):
+                made = Session(
+                    id=f"x{n}", org_id="elsewhere", user_id="carol", app_name="app",
+                    state={"k": n, "user:u": n, "app:a": n},
+                )  # fmt: skip
+                await store.create(made)
+                for i in range(2):
+                    await store.append_event("elsewhere", made.id, event(f"x{n}-{i}", i, k=i))
+            out = io.BytesIO()
+            await export_jsonl(store, out)
+            return out.getvalue()
+        finally:
+            await engine.dispose()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, build()).result()
+
+
+def _importing_jsonl(data: bytes) -> Op:
+    async def prepare(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+        from durable_sessions.sql.transfer import import_jsonl
+
+        return lambda: import_jsonl(store, io.BytesIO(data))
+
+    return prepare
+
+
+async def test_cancel_at_every_await_of_a_jsonl_import(
+    sweeper: Sweep, jsonl_export: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """import_jsonl cancelled at each of its suspensions: all of the export or none of it,
+    nothing left in a transaction, the pooled connection fine."""
+    monkeypatch.setitem(WRITES, "import_jsonl", _importing_jsonl(jsonl_export))
+    await sweeper.sweep("import_jsonl", lambda op, n: attempt(op, {n}), "cancelled at suspension")
+    assert sweeper.cancelled >= 1
 
 
 # -- double cancellation ---------------------------------------------------------------------

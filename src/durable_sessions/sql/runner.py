@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import weakref
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import QueuePool, SingletonThreadPool, StaticPool
 
@@ -30,7 +32,16 @@ from ._private import (
 from .compiled import Compiled
 from .translate import is_disconnect, translated
 
-__all__ = ["Mode", "Program", "Query", "Result", "Runner", "make_runner"]
+__all__ = [
+    "Mode",
+    "Program",
+    "Query",
+    "Result",
+    "Runner",
+    "TransactionConnection",
+    "make_runner",
+    "write_transaction",
+]
 
 T = TypeVar("T")
 Mode = Literal["read", "write", "atomic"]
@@ -139,21 +150,8 @@ class Runner:
         failure or cancellation rolls back, or terminates the connection when it cannot.
         """
         with translated(operation):
-            conn = self.engine.connect()
-            await conn.start()
-            try:
-                if mode != "read":
-                    await conn.begin()
-                    if self.engine.dialect.name == "sqlite":
-                        await conn.exec_driver_sql("BEGIN IMMEDIATE")
-                result = await _drive_watched(conn, program)
-                if mode != "read":
-                    await conn.commit()
-            except BaseException as exc:
-                await _to_the_end(_abandon_watched(conn, exc))
-                raise
-            await _to_the_end(conn.close())
-            return result
+            async with _transaction(self.engine, mode != "read") as conn:
+                return await _drive_watched(conn, program)
 
     async def _checkout(self) -> Any:
         """Borrow a pooled connection: the pool's proxy.
@@ -466,10 +464,10 @@ async def _drive_watched(conn: AsyncConnection, program: Program[T]) -> T:
         stmt = query.stmt
         if query.many:
             batch = [stmt.bind(p) for p in query.params]
-            await conn.exec_driver_sql(stmt.sql, batch)
+            await _settled(conn, conn.exec_driver_sql(stmt.sql, batch))
             result = Result([], len(batch))
         else:
-            found = await conn.exec_driver_sql(stmt.sql, stmt.bind(query.params))
+            found = await _settled(conn, conn.exec_driver_sql(stmt.sql, stmt.bind(query.params)))
             if stmt.returns_rows:
                 rows = [tuple(row) for row in found.fetchall()]
                 result = Result(stmt.decode(rows), len(rows))
@@ -481,9 +479,96 @@ async def _drive_watched(conn: AsyncConnection, program: Program[T]) -> T:
             return stop.value  # type: ignore[no-any-return]
 
 
+class TransactionConnection:
+    """The connection of a ``write_transaction``: what the imports need of ``AsyncConnection``.
+
+    On SQLite each statement runs to its end even if the caller is cancelled meanwhile; the
+    cancellation is raised once it has finished, and the transaction then rolls back. A
+    statement abandoned in flight would make SQLAlchemy terminate the connection, which for
+    aiosqlite can stop its worker thread with the sqlite3 connection, its transaction and
+    SQLite's write lock still open. (SQLite statements do not wait on other writers here:
+    the transaction holds the write lock from its start.) On Postgres a cancellation
+    interrupts the statement and the connection is terminated, as SQLAlchemy does.
+    """
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+        self.dialect = conn.dialect
+
+    async def execute(self, statement: Any, parameters: Any = None) -> CursorResult[Any]:
+        """``AsyncConnection.execute``."""
+        return await _settled(self.conn, self.conn.execute(statement, parameters))
+
+    async def exec_driver_sql(self, statement: str, parameters: Any = None) -> CursorResult[Any]:
+        """``AsyncConnection.exec_driver_sql``."""
+        return await _settled(self.conn, self.conn.exec_driver_sql(statement, parameters))
+
+
+def _settled(conn: AsyncConnection, aw: Awaitable[T]) -> Awaitable[T]:
+    """``aw`` run to its end despite a cancellation on SQLite (see ``TransactionConnection``)."""
+    return _to_the_end(aw) if conn.dialect.name == "sqlite" else aw
+
+
+@asynccontextmanager
+async def write_transaction(engine: AsyncEngine) -> AsyncIterator[TransactionConnection]:
+    """A connection of ``engine`` inside one write transaction, for work too large for one
+    program (the imports); committed when the block ends normally.
+
+    On SQLite the transaction starts with ``BEGIN IMMEDIATE``, once this process's other
+    writers to the engine have finished (the store's writers queue on the same lock). On
+    any other exit (an error, or a cancellation at any await, the commit's included) the
+    transaction is rolled back and the connection checked in, or terminated when that
+    cannot be done, in a step that a further cancellation cannot interrupt; the exception
+    is re-raised unchanged.
+    """
+    if engine.dialect.name == "sqlite":
+        async with _write_lock(engine), _transaction(engine, True) as conn:
+            yield TransactionConnection(conn)
+    else:
+        async with _transaction(engine, True) as conn:
+            yield TransactionConnection(conn)
+
+
+@asynccontextmanager
+async def _transaction(engine: AsyncEngine, write: bool) -> AsyncIterator[AsyncConnection]:
+    """A connection through SQLAlchemy's execution layer: in a write transaction (committed
+    at the end) when ``write``; abandoned by ``_abandon_watched`` on any other exit."""
+    conn = engine.connect()
+    await conn.start()
+    try:
+        if write:
+            await conn.begin()
+            if engine.dialect.name == "sqlite":
+                await _settled(conn, conn.exec_driver_sql("BEGIN IMMEDIATE"))
+        yield conn
+        if write:
+            await _settled(conn, conn.commit())
+    except BaseException as exc:
+        await _to_the_end(_abandon_watched(conn, exc))
+        raise
+    await _to_the_end(conn.close())
+
+
 async def _abandon_watched(conn: AsyncConnection, exc: BaseException) -> None:
-    """After a failure on the watched path: roll back and close; after a cancellation (a
-    statement may still be in flight), or when that fails, terminate the connection."""
+    """After a failure through SQLAlchemy's execution layer: leave the connection outside
+    any transaction and close it, or terminate it.
+
+    On SQLite a statement cancelled on the event loop still runs to its end in aiosqlite's
+    worker thread, which runs its queue in order: a rollback queued behind it ends the
+    transaction (and frees SQLite's write lock) whatever the failure was. (Terminating
+    there would not: SQLAlchemy's terminate of an aiosqlite connection can leave the
+    sqlite3 connection, and its lock, open.) On Postgres an error is rolled back; after a
+    cancellation a statement may still be in flight, so the connection is terminated.
+    """
+    if conn.dialect.name == "sqlite" and not conn.invalidated:
+        try:
+            raw = await conn.get_raw_connection()
+            if await _sqlite_restore(raw.driver_connection):
+                await conn.rollback()  # SQLAlchemy's side: nothing is left to roll back
+                await conn.close()
+                return
+        except Exception:
+            pass  # terminated below
     try:
         if isinstance(exc, Exception) and not conn.invalidated:
             await conn.rollback()

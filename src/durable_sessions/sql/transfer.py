@@ -51,6 +51,7 @@ from ..state import (
     validate_value,
 )
 from .dialect import dialect_ops
+from .runner import TransactionConnection, write_transaction
 from .schema import app_state, events, sessions, user_state
 from .store import SQLStore
 from .translate import translated
@@ -549,7 +550,7 @@ def _check_header(raw: bytes) -> None:
 class _Importer:
     """Buffers checked rows and inserts them in batches, refusing rows that already exist."""
 
-    def __init__(self, conn: AsyncConnection) -> None:
+    def __init__(self, conn: TransactionConnection) -> None:
         self.conn = conn
         self.ops = dialect_ops(conn.dialect.name, conn.dialect.driver)
         self.analyzed = BATCH_SIZE  # sessions inserted when statistics are next refreshed
@@ -646,9 +647,7 @@ async def import_jsonl(
         StoreUnavailableError: The database could not be reached.
     """
     with _database("import"):
-        async with store.engine.begin() as conn:
-            if conn.dialect.name == "sqlite":
-                await conn.exec_driver_sql("BEGIN IMMEDIATE")
+        async with write_transaction(store.engine) as conn:
             importer = _Importer(conn)
             number = 0
             for number, raw in enumerate(_reading(lines), start=1):

@@ -2,8 +2,10 @@
 
 With any listener on the engine's events (tracing, statement counting) the store runs its
 statements through SQLAlchemy's execution layer instead of straight on the driver. This
-measures both paths in one process, interleaved, best of ``--rounds`` rounds (two by
-default):
+measures both paths in one process, interleaved: each of ``--rounds`` rounds (two by
+default) runs ``--gets`` gets then a quarter as many appends on each path, back to back.
+On a shared machine many short rounds (``--gets 400 --rounds 10``) give steadier ratios:
+the median of the rounds' ratios and the whole run's are printed beside best against best.
 
     python -m benchmarks.tracing_cost sqlite+aiosqlite:///bench.db
     python -m benchmarks.tracing_cost postgresql+asyncpg://postgres@127.0.0.1/bench
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -109,8 +112,37 @@ async def measure(
     return found
 
 
+def summarize(found: dict[str, list[Rates]]) -> list[str]:
+    """Each path's best round, then each path against the plain one three ways: best round
+    against best round, whole run against whole run (all ops over all the time), and the
+    median of the rounds' ratios (each round runs the paths back to back)."""
+    lines = []
+    best = {name: (max(r[0] for r in v), max(r[1] for r in v)) for name, v in found.items()}
+    for name, (get, append) in best.items():
+        lines.append(f"{name:9} best get/s {get:8.0f}  append/s {append:8.0f}")
+
+    def whole(rates: list[Rates], i: int) -> float:  # rates of equal op counts: harmonic mean
+        return len(rates) / sum(1 / r[i] for r in rates)
+
+    plain = found["plain"]
+    for name, rates in found.items():
+        if name == "plain":
+            continue
+        ratios = []
+        for i, op in enumerate(("get", "append")):
+            per_round = sorted(r[i] / p[i] for r, p in zip(rates, plain, strict=True))
+            ratios.append(
+                f"{op} best {best[name][i] / best['plain'][i]:.2f}x "
+                f"whole {whole(rates, i) / whole(plain, i):.2f}x "
+                f"median {statistics.median(per_round):.2f}x "
+                f"(rounds {per_round[0]:.2f}-{per_round[-1]:.2f}x)"
+            )
+        lines.append(f"ratio {name:9} " + "  ".join(ratios))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Print each round, then each path's best rates and their ratio to the plain path."""
+    """Print each round, then each path's best rates and their ratios to the plain path."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tracing_cost")
     parser.add_argument("url")
     parser.add_argument("--otel", action="store_true", help="also OpenTelemetry's instrumentation")
@@ -124,13 +156,7 @@ def main(argv: list[str] | None = None) -> None:
             for name, rates in found.items()
         )
         print(f"round {n + 1}: {line}")
-    best = {name: (max(r[0] for r in v), max(r[1] for r in v)) for name, v in found.items()}
-    plain = best["plain"]
-    for name, (get, append) in best.items():
-        print(f"{name:9} get/s {get:8.0f}  append/s {append:8.0f}")
-    for name, (get, append) in best.items():
-        if name != "plain":
-            print(f"ratio {name:9} get {get / plain[0]:.2f}x  append {append / plain[1]:.2f}x")
+    print("\n".join(summarize(found)))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 With any listener on the engine's events (tracing, statement counting) the store runs its
 statements through SQLAlchemy's execution layer instead of straight on the driver. This
 measures both paths in one process, interleaved: each of ``--rounds`` rounds (two by
-default) runs ``--gets`` gets then a quarter as many appends on each path, back to back.
+default) runs ``--gets`` gets then a quarter as many appends on each path, back to back, the path
+that goes first rotating from one round to the next.
 On a shared machine many short rounds (``--gets 400 --rounds 10``) give steadier ratios:
 the median of the rounds' ratios and the whole run's are printed beside best against best.
 
@@ -101,8 +102,9 @@ async def measure(
         for name in names:  # warm-up: caches, prepared statements, each pool's connection
             assert engines[name].sync_engine._has_events == (name != "plain")
             await loop(stores[name])
-        for _ in range(rounds):
-            for name in names:
+        for r in range(rounds):
+            # Each round starts with another path, so that no path is always first.
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 found[name].append(await loop(stores[name]))
     finally:
         if detach is not None:

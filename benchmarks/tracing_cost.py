@@ -3,10 +3,10 @@
 With any listener on the engine's events (tracing, statement counting) the store runs its
 statements through SQLAlchemy's execution layer instead of straight on the driver. This
 measures both paths in one process, interleaved: each of ``--rounds`` rounds (two by
-default) runs ``--gets`` gets then a quarter as many appends on each path, back to back, the path
-that goes first rotating from one round to the next.
-On a shared machine many short rounds (``--gets 400 --rounds 10``) give steadier ratios:
-the median of the rounds' ratios and the whole run's are printed beside best against best.
+default) runs ``--gets`` gets then a quarter as many appends on each path, back to back,
+the path that goes first rotating from one round to the next. On a shared machine many
+short rounds (``--gets 400 --rounds 12``) give steadier ratios: the median of the rounds'
+ratios and the whole run's are printed beside best against best.
 
     python -m benchmarks.tracing_cost sqlite+aiosqlite:///bench.db
     python -m benchmarks.tracing_cost postgresql+asyncpg://postgres@127.0.0.1/bench

@@ -25,6 +25,16 @@ copy of each file) and each one's ``EXPLAIN QUERY PLAN`` printed per variant.
 
     python -m benchmarks.sqlite_analyze
     python -m benchmarks.sqlite_analyze --small 50 --rounds 8 --per-round 1500
+
+``--pragma-optimize`` checks the README's "(or ``PRAGMA optimize``)" instead, in seconds:
+a file filled as above and never analysed is copied once per case, each case is run on a
+new connection as a user would run it (plain ``PRAGMA optimize``; ``PRAGMA
+optimize=0x10002``, which SQLite's documentation recommends at connection open; plain
+``PRAGMA optimize`` after appends and a search on the same connection, as before closing
+it; ``ANALYZE`` for comparison), and the ``sqlite_stat1`` row of ``ds_events_fts_data``
+and the plan of FTS5's range delete are printed. It runs with Python's own ``sqlite3``
+(the SQLite that aiosqlite, hence the store, uses) and again with ``pysqlite3`` when that
+is importable (``pip install pysqlite3-binary``: a newer SQLite).
 """
 
 from __future__ import annotations
@@ -232,6 +242,150 @@ def plan(path: Path, statement: str) -> str:
     return " | ".join(str(row[-1]) for row in rows)
 
 
+# -- PRAGMA optimize -----------------------------------------------------------------------
+
+RANGE_DELETE = "DELETE FROM 'main'.'ds_events_fts_data' WHERE id>=? AND id<=?"
+"""FTS5's own range delete on its data table (traced in the full run)."""
+
+
+def _use(con: Any, appends: int = 64) -> None:
+    """What a connection of an application does before it closes: appends (FTS5's
+    statements on its shadow tables run in the triggers) and a search."""
+    rng = random.Random(0)
+    (seq,) = con.execute(
+        "SELECT coalesce(max(seq), 0) FROM ds_events WHERE org_id = ? AND session_id = ?",
+        (ORG, "s000"),
+    ).fetchone()
+    for n in range(appends):
+        con.execute("BEGIN IMMEDIATE")
+        con.execute(
+            "INSERT INTO ds_events (org_id, session_id, seq, id, author, invocation_id, "
+            "content, state_delta, tokens, timestamp) VALUES (?, ?, ?, ?, 'user', '', ?, "
+            "'{}', 0, '2025-01-01 00:00:00.000000')",
+            (ORG, "s000", seq + n + 1, f"use-{n}", _json(content(rng))),
+        )
+        con.execute("COMMIT")
+    con.execute("SELECT rowid FROM ds_events_fts WHERE ds_events_fts MATCH 'w1'").fetchall()
+
+
+OPTIMIZE_CASES: dict[str, list[str]] = {
+    "nothing (never analysed)": [],
+    "ANALYZE": ["ANALYZE"],
+    "PRAGMA optimize": ["PRAGMA optimize"],
+    "PRAGMA optimize=0x10002": ["PRAGMA optimize=0x10002"],
+    "appends and a search, then PRAGMA optimize": ["use", "PRAGMA optimize"],
+    "PRAGMA optimize=0x10002, appends, PRAGMA optimize": [
+        "PRAGMA optimize=0x10002",
+        "use",
+        "PRAGMA optimize",
+    ],
+}
+"""Each case: what one new connection runs on a copy of the small file ("use": _use)."""
+
+
+def optimize_cases(source: Path, module: Any) -> list[str]:
+    """Each case of OPTIMIZE_CASES on a copy of ``source`` with one SQLite library: the
+    stat row of ds_events_fts_data afterwards and the plan of FTS5's range delete."""
+    lines = []
+    for name, steps in OPTIMIZE_CASES.items():
+        copy = source.with_name(f"optimize-{len(lines)}.db")
+        shutil.copy(source, copy)
+        con = module.connect(copy, isolation_level=None)
+        for step in steps:
+            if step == "use":
+                _use(con)
+            else:
+                con.execute(step).fetchall()
+        con.close()
+        con = module.connect(copy)
+        tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master")}
+        stat = "-"
+        if "sqlite_stat1" in tables:
+            found = con.execute(
+                "SELECT stat FROM sqlite_stat1 WHERE tbl = 'ds_events_fts_data'"
+            ).fetchall()
+            stat = found[0][0] if found else "-"
+        rows = con.execute(f"EXPLAIN QUERY PLAN {RANGE_DELETE}", (1, 1)).fetchall()
+        con.close()
+        copy.unlink()
+        plan_text = " | ".join(str(row[-1]) for row in rows)
+        lines.append(f"| {name} | {stat} | {plan_text} |")
+    return lines
+
+
+def optimize_while_growing(source: Path, module: Any, steps: int = 4) -> list[str]:
+    """``PRAGMA optimize=0x10002`` on a new connection (at open, as SQLite's documentation
+    recommends) while the index grows, 5,000 events between connections: the stat row of
+    ds_events_fts_data and the range delete's plan after each."""
+    copy = source.with_name("optimize-growing.db")
+    shutil.copy(source, copy)
+    rng = random.Random(1)
+    lines = []
+    try:
+        for step in range(steps + 1):
+            con = module.connect(copy, isolation_level=None)
+            if step:
+                con.execute("BEGIN IMMEDIATE")
+                for n in range((step - 1) * 5_000, step * 5_000):
+                    con.execute(
+                        "INSERT INTO ds_events (org_id, session_id, seq, id, author, "
+                        "invocation_id, content, state_delta, tokens, timestamp) VALUES "
+                        "(?, 'b000', ?, ?, 'user', '', ?, '{}', 0, '2025-01-01 00:00:00.000000')",
+                        (ORG, n + 1, f"grow-{n}", _json(content(rng))),
+                    )
+                con.execute("COMMIT")
+            (before,) = con.execute("SELECT count(*) FROM ds_events_fts_data").fetchone()
+            con.execute("PRAGMA optimize=0x10002").fetchall()
+            found = []
+            if con.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'").fetchall():
+                found = con.execute(
+                    "SELECT stat FROM sqlite_stat1 WHERE tbl = 'ds_events_fts_data'"
+                ).fetchall()
+            con.close()
+            con = module.connect(copy)
+            rows = con.execute(f"EXPLAIN QUERY PLAN {RANGE_DELETE}", (1, 1)).fetchall()
+            con.close()
+            stat = found[0][0] if found else "-"
+            plan_text = " | ".join(str(row[-1]) for row in rows)
+            lines.append(f"| {step * 5_000:,} | {before:,} | {stat} | {plan_text} |")
+    finally:
+        copy.unlink(missing_ok=True)
+    return lines
+
+
+async def run_optimize(args: argparse.Namespace) -> None:
+    """The --pragma-optimize check, with Python's sqlite3 and with pysqlite3 if present."""
+    tmp = Path(tempfile.mkdtemp(prefix="ds-optimize-"))
+    try:
+        variant = Variant("never", tmp / "small.db")
+        await prepare(variant, args.small, args.sessions)
+        await variant.close()
+        modules: list[tuple[str, Any]] = [("sqlite3 (Python's)", sqlite3)]
+        try:
+            import pysqlite3  # type: ignore[import-not-found]
+
+            modules.append(("pysqlite3", pysqlite3))
+        except ImportError:
+            print("(pysqlite3 is not installed: Python's SQLite only)")
+        print(
+            f"Python {sys.version.split()[0]}; a file migrated and filled with {args.small} "
+            "events through SQLStore, never analysed; each case on a copy, on a new connection"
+        )
+        for label, module in modules:
+            print(f"\n### {label}: SQLite {module.sqlite_version}\n")
+            print("| case | sqlite_stat1 of ds_events_fts_data | plan of the range delete |")
+            print("|---|---|---|")
+            print("\n".join(optimize_cases(variant.path, module)))
+            print(
+                "\nPRAGMA optimize=0x10002 at each new connection while the index grows:\n\n"
+                "| events added | fts_data rows | sqlite_stat1 after | plan after |\n"
+                "|---:|---:|---|---|"
+            )
+            print("\n".join(optimize_while_growing(variant.path, module)))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 # -- the run --------------------------------------------------------------------------------
 
 
@@ -333,8 +487,13 @@ def main(argv: list[str] | None = None) -> None:
         "--bulk", type=int, default=0, help="events inserted per variant before each round"
     )
     parser.add_argument("--trace", type=int, default=64, help="appends traced at the end")
+    parser.add_argument(
+        "--pragma-optimize",
+        action="store_true",
+        help="only check what PRAGMA optimize writes and the plan it leads to",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(run(args))
+    asyncio.run(run_optimize(args) if args.pragma_optimize else run(args))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import builtins
 import gc
-import json
 import threading
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -26,7 +25,7 @@ from ..prepare import (
     event_json,
     merge_state,
 )
-from ..state import APP_PREFIX, USER_PREFIX, ScopedDelta, copy_json, from_json
+from ..state import APP_PREFIX, USER_PREFIX, ScopedDelta, copy_json, from_json, loads_json
 from .runner import Mode, Program, Query
 from .statements import Retention, Statements
 
@@ -160,7 +159,8 @@ _resume = False
 
 
 def loads_document(text: str) -> Any:
-    """``json.loads`` of a whole transcript, with Python's cyclic garbage collector paused.
+    """``json.loads`` of a whole transcript (``state.loads_json``: orjson where it reads the
+    text alike), with Python's cyclic garbage collector paused.
 
     Decoding builds thousands of fresh containers, and never a reference cycle; collections
     triggered meanwhile find nothing to free, but move the half-built document towards the
@@ -176,7 +176,7 @@ def loads_document(text: str) -> Any:
             gc.disable()
         _pauses += 1
     try:
-        return json.loads(text)
+        return loads_json(text)
     finally:
         with _PAUSE_LOCK:
             _pauses -= 1
@@ -243,9 +243,15 @@ class Programs:
         return [event_from_row(row) for row in rows]
 
     def contents(self, stmt: Any, params: dict[str, Any]) -> Program[builtins.list[Any]]:
-        """The contents of a transcript, joined by the database into one JSON array."""
-        row = (yield Query(stmt, params)).first()
-        found: builtins.list[Any] = loads_document(row.contents) if row.contents else []
+        """The contents of a transcript as one JSON array (``Statements.contents_as_rows``:
+        joined by the database, or here from one text per row), decoded at once."""
+        result = yield Query(stmt, params)
+        if self.q.contents_as_rows:
+            texts = result.rows
+            whole = "[" + ",".join(texts) + "]" if texts else None
+        else:
+            whole = result.rows[0].contents if result.rows else None
+        found: builtins.list[Any] = loads_document(whole) if whole else []
         if not found:
             yield from self.require(params["k_org"], params["k_id"])
         return found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -250,6 +251,54 @@ def from_json(text: str) -> Any:
             if end == len(text):
                 return value
     return json.loads(text)
+
+
+def _optional(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:  # pragma: no cover - tests monkeypatch _orjson to None instead
+        return None
+
+
+_orjson: Any = _optional("orjson")
+"""orjson, when installed (the openai-agents and adk extras): ``loads_json``'s decoder."""
+
+
+_DIGITS_AS_ZERO = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
+"""A ``bytes.translate`` table: every ASCII digit becomes ``0``, every other byte a space."""
+_LONG_DIGIT_RUN = b"0" * 19
+"""19 digits in a row: the shortest integer beyond 64 bits (-9223372036854775809) has 19."""
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads(text)``: the same value (types included) or the same error, decoded by
+    orjson when it is installed and reads ``text`` as ``json.loads`` does.
+
+    orjson differs from ``json.loads`` in two ways, both routed to ``json.loads``:
+
+    - it reads an integer beyond 64 bits as a float: a text with 19 or more ASCII digits in
+      a row anywhere (in a string too: a false alarm only costs speed) is decoded by
+      ``json.loads``, found by one ``bytes.translate`` and one substring search;
+    - it refuses what ``json.loads`` accepts (``NaN``, ``Infinity``, numbers beyond the
+      float range, which ``json.loads`` reads as infinities, lone surrogates): a text that
+      orjson refuses is given to ``json.loads``, which reads it or raises its own error.
+
+    Everything else, floats (both round correctly), duplicate keys (the last value, at the
+    first key's place), escapes and whitespace, is read alike (``tests/unit/test_json_decode.py``
+    compares the two on generated documents).
+    """
+    if _orjson is None or type(text) is not str:
+        return json.loads(text)
+    try:
+        raw = text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: orjson refuses it
+        return json.loads(text)
+    if _LONG_DIGIT_RUN in raw.translate(_DIGITS_AS_ZERO):
+        return json.loads(text)
+    try:
+        return _orjson.loads(raw)
+    except ValueError:  # orjson.JSONDecodeError
+        return json.loads(text)
 
 
 def to_json(value: Any) -> str:

@@ -33,6 +33,8 @@ class Compiled:
     decoders: tuple[tuple[int, Processor], ...]
     row: Callable[..., Any] | None
     returns_rows: bool
+    scalar: bool = False
+    """Rows decode to the value of their one column, not to named tuples (``scalars``)."""
 
     def bind(self, params: Mapping[str, Any]) -> tuple[Any, ...]:
         """Return the positional parameters for ``params``, converted for the driver."""
@@ -43,10 +45,16 @@ class Compiled:
         return tuple(out)
 
     def decode(self, rows: Sequence[Sequence[Any]]) -> list[Any]:
-        """Convert raw driver rows into named tuples of Python values."""
+        """Convert raw driver rows into named tuples of Python values (with ``scalar``,
+        into the value of their one column)."""
         if self.row is None:
             return []
         make, decoders = self.row, self.decoders
+        if self.scalar:
+            if not decoders:
+                return [r[0] for r in rows]
+            ((_, decoder),) = decoders  # its one column's
+            return [None if r[0] is None else decoder(r[0]) for r in rows]
         if not decoders:
             return [make(*r) for r in rows]
         out = []

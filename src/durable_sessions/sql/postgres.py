@@ -126,12 +126,20 @@ class PostgresShapes(Statements):
         )  # fmt: skip
         return select(cast(whole, Text).label("listing"))
 
+    contents_as_rows = True
+
     def event_contents(self, has_limit: bool) -> Any:
-        """A session's event contents, oldest first, as ONE JSON array in one text value."""
+        """A session's event contents, oldest first: one row each, its JSON text.
+
+        Rows rather than one ``json_agg`` text: the aggregate sorts its input (its
+        ``ORDER BY``, on Postgres before 16) and sends nothing until the last content is
+        converted, while rows come in the primary key's order and stream as they are
+        converted (jsonb to text, most of the statement's time), the client decoding them
+        meanwhile; the program joins their texts into one JSON array, decoded at once.
+        """
         rows = self.chosen_contents(has_limit)
-        # json_agg of jsonb values: their canonical text, joined; no jsonb re-parse.
-        whole = func.json_agg(aggregate_order_by(rows.c.content, rows.c.seq))
-        return select(cast(whole, Text).label("contents"))
+        text = func.coalesce(cast(rows.c.content, Text), literal("null", Text))
+        return select(text.label("contents")).order_by(rows.c.seq)
 
 
 class PostgresStatements(PostgresShapes):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import builtins
 import gc
-import json
 import threading
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -26,7 +25,7 @@ from ..prepare import (
     event_json,
     merge_state,
 )
-from ..state import APP_PREFIX, USER_PREFIX, ScopedDelta, copy_json, from_json
+from ..state import APP_PREFIX, USER_PREFIX, ScopedDelta, copy_json, from_json, loads_json
 from .runner import Mode, Program, Query
 from .statements import Retention, Statements
 
@@ -159,15 +158,40 @@ _pauses = 0
 _resume = False
 
 
+_YOUNG_COLLECTIONS_PER_READ = 4
+"""Collections of generation 0 that one transcript read may set off: the driver's rows (a
+thousand asyncpg records), then the decoded document."""
+
+
+def make_room_for_a_read() -> None:
+    """Run the collection of generation 1 now if one would come during the next read.
+
+    A collection of generation 1 moves everything alive in the young generations to the
+    oldest one, and what it moves counts towards the next full collection (a walk of every
+    object in the process), even if it dies soon after. During a transcript read, that is
+    the driver's rows and the decoded document: every tenth or so read of a long transcript
+    would move its whole document there, and full collections would take a large part of
+    the reads' time (on the 1,000-item read of ``python -m benchmarks --suite openai``, a
+    third to a half). Run before the read, the same collection finds them not yet made; they
+    reach the oldest generation only if still alive at a later one (the caller keeps them).
+    """
+    threshold0, threshold1, _ = gc.get_threshold()
+    due = gc.get_count()[1] > threshold1 - _YOUNG_COLLECTIONS_PER_READ
+    if due and threshold0 > 0 and gc.isenabled():
+        gc.collect(1)
+
+
 def loads_document(text: str) -> Any:
-    """``json.loads`` of a whole transcript, with Python's cyclic garbage collector paused.
+    """``json.loads`` of a whole transcript (``state.loads_json``: orjson where it reads the
+    text alike), with Python's cyclic garbage collector paused.
 
     Decoding builds thousands of fresh containers, and never a reference cycle; collections
     triggered meanwhile find nothing to free, but move the half-built document towards the
     oldest generation, whose full collections (a walk of every object in the process) then
     come sooner: on the 1,000-item read of ``python -m benchmarks --suite openai`` they cost
     a quarter of its mean time. The collector runs again as soon as the decode ends (unless
-    it was off already); concurrent decodes in several threads share one pause.
+    it was off already); concurrent decodes in several threads share one pause. See also
+    ``make_room_for_a_read``, run before the read.
     """
     global _pauses, _resume
     with _PAUSE_LOCK:
@@ -176,7 +200,7 @@ def loads_document(text: str) -> Any:
             gc.disable()
         _pauses += 1
     try:
-        return json.loads(text)
+        return loads_json(text)
     finally:
         with _PAUSE_LOCK:
             _pauses -= 1
@@ -243,9 +267,16 @@ class Programs:
         return [event_from_row(row) for row in rows]
 
     def contents(self, stmt: Any, params: dict[str, Any]) -> Program[builtins.list[Any]]:
-        """The contents of a transcript, joined by the database into one JSON array."""
-        row = (yield Query(stmt, params)).first()
-        found: builtins.list[Any] = loads_document(row.contents) if row.contents else []
+        """The contents of a transcript as one JSON array (``Statements.contents_as_rows``:
+        joined by the database, or here from one text per row), decoded at once."""
+        make_room_for_a_read()
+        result = yield Query(stmt, params)
+        if self.q.contents_as_rows:
+            texts = result.rows
+            whole = "[" + ",".join(texts) + "]" if texts else None
+        else:
+            whole = result.rows[0].contents if result.rows else None
+        found: builtins.list[Any] = loads_document(whole) if whole else []
         if not found:
             yield from self.require(params["k_org"], params["k_id"])
         return found

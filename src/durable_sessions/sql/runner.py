@@ -272,7 +272,11 @@ class SQLiteRunner(Runner):
             driver: Any = fairy.driver_connection
             hop = _Hop()
             try:
-                result: T = await aiosqlite_execute(
+                # The value comes in a box, emptied here: aiosqlite's worker thread keeps what
+                # it last returned (and the future holding it) until its next call, which
+                # would keep a read's rows alive, and move them to the collector's oldest
+                # generation, for as long as the connection stays idle.
+                box: list[T] = await aiosqlite_execute(
                     driver,
                     _drive_sqlite,
                     aiosqlite_connection(driver),
@@ -280,6 +284,7 @@ class SQLiteRunner(Runner):
                     mode != "read",
                     hop,
                 )
+                result = box.pop()
             except BaseException as exc:
                 hop.abandoned = True
                 if hop.done and hop.clean:  # the thread finished, outside any transaction
@@ -311,7 +316,7 @@ def _end_transaction(db: sqlite3.Connection) -> bool:
     return not db.in_transaction
 
 
-def _drive_sqlite(db: sqlite3.Connection, program: Program[T], write: bool, hop: _Hop) -> T:
+def _drive_sqlite(db: sqlite3.Connection, program: Program[T], write: bool, hop: _Hop) -> list[T]:
     try:
         if write:
             # Take the write lock up front: writers in other processes queue on busy_timeout
@@ -339,7 +344,7 @@ def _drive_sqlite(db: sqlite3.Connection, program: Program[T], write: bool, hop:
             raise _Abandoned
         if write:
             db.commit()
-        return value
+        return [value]
     finally:
         # Whatever happened (an error, a failed COMMIT, an abandoned program), the
         # connection leaves this thread outside any transaction, or says it could not.
@@ -417,8 +422,12 @@ class PostgresRunner(Runner):
                 result = Result([], len(params))
             elif stmt.returns_rows:
                 params = stmt.bind(query.params)
-                rows = await driver.fetch(stmt.sql, *params)
-                result = Result(stmt.decode(rows), len(rows))
+                records = await driver.fetch(stmt.sql, *params)
+                rows = stmt.decode(records)
+                # The records go once decoded: the driver's future holds this same list until
+                # the event loop's next turn, and the program may go on for long (a decode).
+                records.clear()
+                result = Result(rows, len(rows))
             else:
                 params = stmt.bind(query.params)
                 status = await driver.execute(stmt.sql, *params)

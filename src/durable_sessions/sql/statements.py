@@ -5,6 +5,7 @@ compiled once, for its dialect only."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
@@ -398,9 +399,26 @@ class Statements:
             self.shape((kind, "count"), lambda: select(func.count().label("n")).where(where)),
         )
 
+    contents_as_rows = False
+    """How ``event_contents`` answers: False, one row whose ``contents`` is ONE JSON array
+    text; True, one row per event, oldest first, each its content's JSON text (the program
+    joins them into that array)."""
+
+    def contents_statement(self, has_limit: bool) -> Compiled:
+        """``event_contents`` compiled (once); rows of texts decode to the texts alone."""
+        key = ("contents", has_limit)
+        found = self._shapes.get(key)
+        if found is None:
+            found = self.compile(self.event_contents(has_limit))
+            if self.contents_as_rows:
+                found = dataclasses.replace(found, scalar=True)
+            self._shapes[key] = found
+        return found
+
     def event_contents(self, has_limit: bool) -> Any:
-        """A session's event contents, oldest first, as ONE JSON array in one text value
-        (the newest ``k_limit`` with ``has_limit``); ``[]`` or NULL when there are none."""
+        """A session's event contents, oldest first (the newest ``k_limit`` with
+        ``has_limit``), in the form ``contents_as_rows`` says; as ONE JSON array: ``[]`` or
+        NULL when there are none."""
         raise NotImplementedError
 
     @staticmethod

@@ -648,7 +648,7 @@ class SQLStore:
         _, params = _events_read(org_id, session_id, limit, None)
         has_limit = limit is not None
         await self._ready("list_events")
-        stmt = self._q.shape(("contents", has_limit), lambda: self._q.event_contents(has_limit))
+        stmt = self._q.contents_statement(has_limit)
         program = self._programs.contents(stmt, params)
         return await self._runner.run(program, "read", "list_events")
 

@@ -261,7 +261,7 @@ def _optional(module: str) -> Any:
 
 
 _orjson: Any = _optional("orjson")
-"""orjson, when installed (the openai-agents and adk extras): ``loads_json``'s decoder."""
+"""orjson, when installed (the openai-agents extra): ``loads_json``'s decoder."""
 
 
 _DIGITS_AS_ZERO = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))

@@ -311,10 +311,26 @@ async def _delete_user(store: SQLStore) -> Callable[[], Awaitable[Any]]:
     return lambda: store.delete_user(ORG, "alice")
 
 
+async def _append_events(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    batch = [event("b1", 8, k=8), event("b2", 9, **{"user:u": 9, "app:b": 9})]
+    return lambda: store.append_events(ORG, "s1", batch)
+
+
+async def _truncate(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    return lambda: store.truncate_events(ORG, "s1", after_seq=1)
+
+
+async def _pop(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    return lambda: store.pop_event(ORG, "s1")
+
+
 WRITES: dict[str, Op] = {
     "create": _create,
     "save": _save,
     "append_event": _append,
+    "append_events": _append_events,
+    "truncate_events": _truncate,
+    "pop_event": _pop,
     "touch": _touch,
     "fork": _fork,
     "delete": _delete,

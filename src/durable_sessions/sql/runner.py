@@ -542,8 +542,19 @@ async def write_transaction(engine: AsyncEngine) -> AsyncIterator[TransactionCon
 async def _transaction(engine: AsyncEngine, write: bool) -> AsyncIterator[AsyncConnection]:
     """A connection through SQLAlchemy's execution layer: in a write transaction (committed
     at the end) when ``write``; abandoned by ``_abandon_watched`` on any other exit."""
+    task = asyncio.current_task()
+    requests = _cancel_requests(task)
     conn = engine.connect()
     await conn.start()
+    if _cancel_requests(task) > requests:
+        # Cancelled while the pool handed the connection out, and the pool swallowed it
+        # (SQLAlchemy 2.0, as in Runner._checkout): deliver it here, the connection returned.
+        try:
+            await asyncio.sleep(0)
+            raise asyncio.CancelledError
+        except BaseException:
+            await _to_the_end(conn.close())
+            raise
     try:
         if write:
             await conn.begin()

@@ -8,10 +8,11 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
@@ -387,3 +388,27 @@ async def run_parallel(
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, count) or 1)))
     return results
+
+
+class _Opens(Protocol):
+    async def open(self, url: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@asynccontextmanager
+async def opened(impls: Sequence[_Opens], dbs: Sequence[Database]) -> AsyncIterator[None]:
+    """Create each database and open its implementation on it; at the end, close every
+    implementation opened and drop every database."""
+    done: list[_Opens] = []
+    try:
+        for impl, db in zip(impls, dbs, strict=True):
+            await db.create()
+            await impl.open(db.url)
+            done.append(impl)
+        yield
+    finally:
+        for impl in done:
+            await impl.close()
+        for db in dbs:
+            await db.drop()

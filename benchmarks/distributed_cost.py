@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from durable_sessions import Manager, SessionService, SQLStore
 
-from .common import APP, ORG, WORKLOADS, Counters, Database, measure, new_tmpdir
+from .common import APP, ORG, WORKLOADS, Counters, Database, measure, new_tmpdir, opened
 from .impl_ours import Ours
 from .runner import MAX_DELETE_SUPPLY
 
@@ -67,12 +67,7 @@ async def run(
     dbs = [Database("postgres", name, tmpdir) for name in MODES]
     rows: list[dict[str, Any]] = []
     create_rate: dict[tuple[str, int], float] = {}
-    opened: list[Mode] = []
-    try:
-        for impl, db in zip(impls, dbs, strict=True):
-            await db.create()
-            await impl.open(db.url)
-            opened.append(impl)
+    async with opened(impls, dbs):
         turn = 0
         for r in range(1, rounds + 1):
             for workload in workloads:
@@ -94,11 +89,6 @@ async def run(
                         row.update(found)
                         rows.append(row)
                         print(_line(row), flush=True)
-    finally:
-        for impl in opened:
-            await impl.close()
-        for db in dbs:
-            await db.drop()
     return rows
 
 

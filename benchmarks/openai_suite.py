@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from .common import Database, Measurement, Op, measure, migrate_schema
+from .common import Database, Measurement, Op, measure, migrate_schema, opened
 
 __all__ = ["OPENAI_WORKLOADS", "main_openai", "run_openai_suite"]
 
@@ -124,12 +124,7 @@ async def run_openai_suite(
     impls = [_Impl(name, pool_size) for name in IMPLS]
     dbs = [Database(backend, label, tmpdir) for label in ("oa_ours", "oa_sdk")]
     rows: list[dict[str, Any]] = []
-    opened: list[_Impl] = []
-    try:
-        for impl, db in zip(impls, dbs, strict=True):
-            await db.create()
-            await impl.open(db.url)
-            opened.append(impl)
+    async with opened(impls, dbs):
         turn = 0
         for workload in workloads:
             for concurrency in concurrencies:
@@ -155,11 +150,6 @@ async def run_openai_suite(
                     )
                 ours, sdk = rate.get(IMPLS[0], 0.0), rate.get(IMPLS[1], 0.0)
                 log(f"    ours/SDK {ours / sdk:.2f}x" if ours and sdk else "    ours/SDK -")
-    finally:
-        for impl in opened:
-            await impl.close()
-        for db in dbs:
-            await db.drop()
     return rows
 
 

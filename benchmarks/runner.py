@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .common import Database, Measurement, measure
+from .common import Database, Measurement, measure, opened
 from .workloads import Implementation
 
 IMPL_ORDER = ("durable-sessions", "google-adk", "adk-adapter", "floor")
@@ -55,12 +55,7 @@ async def run_side_by_side(
     dbs = [Database(backend, label, tmpdir) for label in DB_LABELS]
     rows: list[dict[str, Any]] = []
     create_rate: dict[tuple[str, int], float] = {}
-    opened: list[Implementation] = []
-    try:
-        for impl, db in zip(impls, dbs, strict=True):
-            await db.create()
-            await impl.open(db.url)
-            opened.append(impl)
+    async with opened(impls, dbs):
         turn = 0
         for workload in workloads:
             for concurrency in concurrencies:
@@ -76,11 +71,6 @@ async def run_side_by_side(
                     rows.append(asdict(m))
                     log(_line(m))
                 log(_ratios(rate))
-    finally:
-        for impl in opened:
-            await impl.close()
-        for db in dbs:
-            await db.drop()
     return rows
 
 

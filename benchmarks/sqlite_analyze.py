@@ -50,6 +50,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -195,23 +196,7 @@ def traced_fts_statements(path: Path, appends: int) -> list[str]:
     seen: list[str] = []
     con = sqlite3.connect(copy, isolation_level=None)
     try:
-        session = "s000"
-        (seq,) = con.execute(
-            "SELECT coalesce(max(seq), 0) FROM ds_events WHERE org_id = ? AND session_id = ?",
-            (ORG, session),
-        ).fetchone()
-        con.set_trace_callback(seen.append)
-        rng = random.Random(0)
-        for n in range(appends):
-            con.execute("BEGIN IMMEDIATE")
-            con.execute(
-                "INSERT INTO ds_events (org_id, session_id, seq, id, author, invocation_id, "
-                "content, state_delta, tokens, timestamp) VALUES (?, ?, ?, ?, 'user', '', ?, "
-                "'{}', 0, '2025-01-01 00:00:00.000000')",
-                (ORG, session, seq + n + 1, f"trace-{n}", _json(content(rng))),
-            )
-            con.execute("COMMIT")
-        con.set_trace_callback(None)
+        _append_each(con, appends, "trace", seen.append)
     finally:
         con.close()
         copy.unlink()
@@ -242,6 +227,31 @@ def plan(path: Path, statement: str) -> str:
     return " | ".join(str(row[-1]) for row in rows)
 
 
+def _append_each(
+    con: Any, appends: int, prefix: str, trace: Callable[[str], object] | None = None
+) -> None:
+    """Insert ``appends`` events at the end of session s000, one transaction each, as the
+    store's appends do (the FTS5 triggers fire); ``trace`` gets every statement they run."""
+    (seq,) = con.execute(
+        "SELECT coalesce(max(seq), 0) FROM ds_events WHERE org_id = ? AND session_id = ?",
+        (ORG, "s000"),
+    ).fetchone()
+    rng = random.Random(0)
+    con.set_trace_callback(trace)
+    try:
+        for n in range(appends):
+            con.execute("BEGIN IMMEDIATE")
+            con.execute(
+                "INSERT INTO ds_events (org_id, session_id, seq, id, author, invocation_id, "
+                "content, state_delta, tokens, timestamp) VALUES (?, ?, ?, ?, 'user', '', ?, "
+                "'{}', 0, '2025-01-01 00:00:00.000000')",
+                (ORG, "s000", seq + n + 1, f"{prefix}-{n}", _json(content(rng))),
+            )
+            con.execute("COMMIT")
+    finally:
+        con.set_trace_callback(None)
+
+
 # -- PRAGMA optimize -----------------------------------------------------------------------
 
 RANGE_DELETE = "DELETE FROM 'main'.'ds_events_fts_data' WHERE id>=? AND id<=?"
@@ -251,20 +261,7 @@ RANGE_DELETE = "DELETE FROM 'main'.'ds_events_fts_data' WHERE id>=? AND id<=?"
 def _use(con: Any, appends: int = 64) -> None:
     """What a connection of an application does before it closes: appends (FTS5's
     statements on its shadow tables run in the triggers) and a search."""
-    rng = random.Random(0)
-    (seq,) = con.execute(
-        "SELECT coalesce(max(seq), 0) FROM ds_events WHERE org_id = ? AND session_id = ?",
-        (ORG, "s000"),
-    ).fetchone()
-    for n in range(appends):
-        con.execute("BEGIN IMMEDIATE")
-        con.execute(
-            "INSERT INTO ds_events (org_id, session_id, seq, id, author, invocation_id, "
-            "content, state_delta, tokens, timestamp) VALUES (?, ?, ?, ?, 'user', '', ?, "
-            "'{}', 0, '2025-01-01 00:00:00.000000')",
-            (ORG, "s000", seq + n + 1, f"use-{n}", _json(content(rng))),
-        )
-        con.execute("COMMIT")
+    _append_each(con, appends, "use")
     con.execute("SELECT rowid FROM ds_events_fts WHERE ds_events_fts MATCH 'w1'").fetchall()
 
 

@@ -104,6 +104,24 @@ def _cancel_requests(task: asyncio.Task[Any] | None) -> int:
     return int(cancelling()) if cancelling is not None else 0
 
 
+async def _deliver_swallowed_cancel(
+    requests: int, give_back: Callable[[], Awaitable[None]]
+) -> None:
+    """After the pool handed a connection out: if the task was cancelled meanwhile (it has
+    more cancellation requests than ``requests``) and the pool swallowed the cancellation
+    (SQLAlchemy 2.0's pool queue waits in ``asyncio.wait_for``, which does on Python 3.11
+    when its wait is over meanwhile), return the connection with ``give_back`` and raise
+    it. Nothing otherwise."""
+    if _cancel_requests(asyncio.current_task()) <= requests:
+        return
+    try:
+        await asyncio.sleep(0)  # one still pending is delivered here
+        raise asyncio.CancelledError
+    except BaseException:
+        await give_back()
+        raise
+
+
 def _may_close_on_return(pool: Any) -> bool:
     """Whether checking a connection in to ``pool`` may close one, which awaits the driver.
 
@@ -159,21 +177,11 @@ class Runner:
         A cancellation while the pool connects is the pool's to clean up; once this has
         returned, nothing awaits before the caller's ``try`` takes the connection over.
         """
-        task = asyncio.current_task()
-        requests = _cancel_requests(task)
+        requests = _cancel_requests(asyncio.current_task())
         # Straight from the pool (its checkout events, pre-ping and reset still apply),
         # without an engine Connection around it: one greenlet hop each way.
         fairy = await greenlet_spawn(self.engine.sync_engine.pool.connect)
-        if _cancel_requests(task) > requests:
-            # The task was cancelled while the pool handed the connection out, and the pool
-            # swallowed the cancellation (SQLAlchemy 2.0's pool queue waits in
-            # asyncio.wait_for, which does on Python 3.11 when its wait is over meanwhile).
-            try:
-                await asyncio.sleep(0)  # one still pending is delivered here
-                raise asyncio.CancelledError
-            except BaseException:
-                await self._checkin(fairy)
-                raise
+        await _deliver_swallowed_cancel(requests, lambda: self._checkin(fairy))
         return fairy
 
     async def _checkin(self, fairy: Any) -> None:
@@ -542,19 +550,10 @@ async def write_transaction(engine: AsyncEngine) -> AsyncIterator[TransactionCon
 async def _transaction(engine: AsyncEngine, write: bool) -> AsyncIterator[AsyncConnection]:
     """A connection through SQLAlchemy's execution layer: in a write transaction (committed
     at the end) when ``write``; abandoned by ``_abandon_watched`` on any other exit."""
-    task = asyncio.current_task()
-    requests = _cancel_requests(task)
+    requests = _cancel_requests(asyncio.current_task())
     conn = engine.connect()
     await conn.start()
-    if _cancel_requests(task) > requests:
-        # Cancelled while the pool handed the connection out, and the pool swallowed it
-        # (SQLAlchemy 2.0, as in Runner._checkout): deliver it here, the connection returned.
-        try:
-            await asyncio.sleep(0)
-            raise asyncio.CancelledError
-        except BaseException:
-            await _to_the_end(conn.close())
-            raise
+    await _deliver_swallowed_cancel(requests, lambda: _to_the_end(conn.close()))
     try:
         if write:
             await conn.begin()

@@ -33,6 +33,7 @@ from ..errors import SessionExistsError, SessionNotFoundError, StaleSessionError
 from ..model import Event, Session
 from ..prepare import FORKED_FROM
 from ..state import ScopedDelta
+from .compiled import Compiled
 from .dialect import DialectOps
 from .programs import (
     Job,
@@ -58,6 +59,10 @@ from .statements import (
 )
 
 __all__ = ["PostgresPrograms", "PostgresReads", "PostgresShapes", "PostgresStatements"]
+
+Scopes = tuple[bool, bool, bool, bool]
+"""Which shared writes a statement makes: user keys set, app keys set, user keys deleted,
+app keys deleted."""
 
 
 class PostgresShapes(Statements):
@@ -148,11 +153,37 @@ class PostgresStatements(PostgresShapes):
     def __init__(self, ops: DialectOps, dialect: Dialect) -> None:
         super().__init__(ops, dialect)
         c = self.compile
-        # save: the version-checked update of the session row and every shared change.
-        saved = self._update().returning(S.c.version, S.c.app_name, S.c.user_id).cte("saved")
-        self.pg_update = c(select(saved.c.version).add_cte(*self._shared_writes(saved)))
+        self.pg_delete = c(self._pg_delete())
+        self.pg_fork = c(self._pg_fork())
+        self.pg_truncate = c(self._pg_truncate())
+        self.pg_pop = c(self._pg_truncate(pop=True))
 
-        # append_event: seq, counters and private merge, the event row, the shared delta.
+    # -- writes with shared changes: one statement per set of scopes written ----------------
+
+    def writing(self, name: str, delta: ScopedDelta) -> Compiled:
+        """The statement ``name`` (``update``, ``append``, ``append_many``, ``create``) with
+        the shared writes ``delta`` makes and no others.
+
+        A data-modifying CTE costs every execution even when its input is empty: the
+        executor opens and locks its table and indexes and sets up the upsert's conflict
+        check. An append without shared keys (the OpenAI Agents SDK's, most of ADK's)
+        thus runs a statement with no shared-state CTE at all; each shape is compiled on
+        first use.
+        """
+        scopes = (
+            bool(delta.user_set), bool(delta.app_set),
+            bool(delta.user_deleted), bool(delta.app_deleted),
+        )  # fmt: skip
+        build = getattr(self, f"_pg_{name}")
+        return self.shape(("pg", name, scopes), lambda: build(scopes))
+
+    def _pg_update(self, scopes: Scopes) -> Any:
+        """save: the version-checked update of the session row and every shared change."""
+        saved = self._update().returning(S.c.version, S.c.app_name, S.c.user_id).cte("saved")
+        return select(saved.c.version).add_cte(*self._shared_writes(saved, scopes))
+
+    def _pg_append(self, scopes: Scopes) -> Any:
+        """append_event: seq, counters and private merge, the event row, the shared delta."""
         moved = self._append(merge=True).returning(*self._append_returning()).cte("moved")
         event_row = select(
             bindparam("k_org"),
@@ -170,11 +201,13 @@ class PostgresStatements(PostgresShapes):
             ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], event_row
         )
         # Event deltas only set keys, so the append needs no deletes.
-        writes = self._shared_writes(moved, deletes=False)
-        self.pg_append = c(select(moved.c.event_seq).add_cte(added.cte("added"), *writes))
+        writes = self._shared_writes(moved, scopes, deletes=False)
+        return select(moved.c.event_seq).add_cte(added.cte("added"), *writes)
 
-        # create: the session row (unless the id is taken), its shared state, and the shared
-        # state that already existed (the statement's snapshot predates its own writes).
+    def _pg_create(self, scopes: Scopes) -> Any:
+        """create: the session row (unless the id is taken), its shared state, and the
+        shared state that already existed (the statement's snapshot predates its own
+        writes)."""
         row = {col.name: bindparam(col.name, type_=col.type) for col in S.c}
         created = (
             self.ops.insert(S)
@@ -184,35 +217,35 @@ class PostgresStatements(PostgresShapes):
             .cte("created")
         )
         count = select(func.count()).select_from(created).scalar_subquery().label("created")
-        self.pg_create = c(
-            select(
-                count,
-                self._user_agg(bindparam("org_id"), bindparam("app_name"), bindparam("user_id")),
-                self._app_agg(bindparam("org_id"), bindparam("app_name")),
-            ).add_cte(*self._shared_writes(created, deletes=False))
-        )
-        # delete: the session row (of the owner asked for), then its transcript, together.
+        return select(
+            count,
+            self._user_agg(bindparam("org_id"), bindparam("app_name"), bindparam("user_id")),
+            self._app_agg(bindparam("org_id"), bindparam("app_name")),
+        ).add_cte(*self._shared_writes(created, scopes, deletes=False))
+
+    @staticmethod
+    def _pg_delete() -> Any:
+        """delete: the session row (of the owner asked for), then its transcript, together."""
         dropped = delete(S).where(SESSION_KEY, OWNED).returning(S.c.id).cte("dropped")
         gone = delete(events).where(EVENTS_KEY, select(dropped.c.id).exists()).cte("gone")
-        self.pg_delete = c(select(dropped.c.id).add_cte(gone))
-        self.pg_fork = c(self._pg_fork())
-        self.pg_append_many = c(self._pg_append_many())
-        self.pg_truncate = c(self._pg_truncate())
-        self.pg_pop = c(self._pg_truncate(pop=True))
+        return select(dropped.c.id).add_cte(gone)
 
-    def _shared_writes(self, driver: CTE, *, deletes: bool = True) -> list[CTE]:
+    def _shared_writes(self, driver: CTE, scopes: Scopes, *, deletes: bool = True) -> list[CTE]:
         """Upserts and deletes of shared keys, done only when ``driver`` returned its row.
 
         ``driver`` is the CTE of the operation's own write (insert or update of the session
         row) returning ``app_name`` and ``user_id``: if it wrote nothing (a stale version,
-        an existing id, an unknown session), neither do these.
+        an existing id, an unknown session), neither do these. ``scopes`` says which are
+        written (``writing``); with ``deletes`` false, no deletes whatever they say.
         """
         ops = self.ops
         ctes: list[CTE] = []
-        for table, name, keys, scope in (
-            (user_state, "user", USER_KEY, [driver.c.app_name, driver.c.user_id]),
-            (app_state, "app", APP_KEY, [driver.c.app_name]),
-        ):
+        user_set, app_set, user_deleted, app_deleted = scopes
+        for table, name, keys, scope, setting, deleting in (
+            (user_state, "user", USER_KEY, [driver.c.app_name, driver.c.user_id], user_set,
+             deletes and user_deleted),
+            (app_state, "app", APP_KEY, [driver.c.app_name], app_set, deletes and app_deleted),
+        ):  # fmt: skip
             pairs = func.jsonb_each(bindparam(f"v_{name}_set", type_=JSONValue)).table_valued(
                 column("key", Text), column("value", JSONB)
             )
@@ -223,8 +256,9 @@ class PostgresStatements(PostgresShapes):
                 keys,
                 ["value", "updated_at"],
             )
-            ctes.append(upsert.cte(f"{name}_set"))
-            if not deletes:
+            if setting:
+                ctes.append(upsert.cte(f"{name}_set"))
+            if not deleting:
                 continue
             where = [table.c.org_id == bindparam("k_org")]
             where.append(table.c.app_name == select(driver.c.app_name).scalar_subquery())
@@ -289,7 +323,7 @@ class PostgresStatements(PostgresShapes):
             self._app_agg(bindparam("k_org"), child.c.app_name),
         ).add_cte(copied.cte("copied"))
 
-    def _pg_append_many(self) -> Any:
+    def _pg_append_many(self, scopes: Scopes) -> Any:
         """Postgres: a whole batch append as one statement.
 
         ``v_batch`` is a JSON array of events (``id``, ``author``, ``invocation_id``,
@@ -329,7 +363,7 @@ class PostgresStatements(PostgresShapes):
         added = insert(events).from_select(
             ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], rows
         )
-        writes = self._shared_writes(moved, deletes=False)
+        writes = self._shared_writes(moved, scopes, deletes=False)
         return select(moved.c.event_seq).add_cte(added.cte("added"), *writes)
 
     def _pg_truncate(self, *, pop: bool = False) -> Any:
@@ -448,7 +482,7 @@ class PostgresPrograms(PostgresReads):
     def _create(self, row: dict[str, Any], delta: ScopedDelta) -> Program[tuple[Any, Any]]:
         params = {**row, "k_org": row["org_id"], "v_now": row["created_at"]}
         params.update(shared_params(delta))
-        found = (yield Query(self.q.pg_create, params)).first()
+        found = (yield Query(self.q.writing("create", delta), params)).first()
         if not found.created:
             raise SessionExistsError(row["org_id"], row["id"])
         # The statement's read predates its own writes: lay the new shared keys over it.
@@ -464,7 +498,8 @@ class PostgresPrograms(PostgresReads):
     def _update(self, params: dict[str, Any], delta: ScopedDelta, guarded: bool) -> Program[int]:
         if guarded:
             yield from self.check_shared_deletes(params, delta)
-        done = (yield Query(self.q.pg_update, {**params, **shared_params(delta)})).first()
+        stmt = self.q.writing("update", delta)
+        done = (yield Query(stmt, {**params, **shared_params(delta)})).first()
         if done is None:
             yield from self.stale(params)
         return int(done.version)
@@ -483,10 +518,10 @@ class PostgresPrograms(PostgresReads):
             e_invocation_id=stored.invocation_id, e_content=stored.content,
             e_state_delta=stored.state_delta, e_timestamp=stored.timestamp,
         )  # fmt: skip
-        return Job(self._append(params), "atomic")
+        return Job(self._append(self.q.writing("append", delta), params), "atomic")
 
-    def _append(self, params: dict[str, Any]) -> Program[int]:
-        row = (yield Query(self.q.pg_append, params)).first()
+    def _append(self, stmt: Compiled, params: dict[str, Any]) -> Program[int]:
+        row = (yield Query(stmt, params)).first()
         if row is None:
             yield from self.stale(params)
         return int(row.event_seq)
@@ -502,11 +537,11 @@ class PostgresPrograms(PostgresReads):
              "timestamp": e.timestamp.isoformat()}
             for e in stored
         ]  # fmt: skip
-        return Job(self._append_many(params), "atomic")
+        return Job(self._append_many(self.q.writing("append_many", delta), params), "atomic")
 
-    def _append_many(self, params: dict[str, Any]) -> Program[int]:
+    def _append_many(self, stmt: Compiled, params: dict[str, Any]) -> Program[int]:
         for _ in range(3):
-            row = (yield Query(self.q.pg_append_many, params)).first()
+            row = (yield Query(stmt, params)).first()
             if row is not None:
                 return int(row.event_seq)
             # Nothing written: raise why, unless the session only became visible after the

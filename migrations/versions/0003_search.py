@@ -196,15 +196,22 @@ def _e(text: str) -> str:
     return "E" + Q + text.replace("\\", "\\\\").replace(Q, Q + Q) + Q
 
 
-def _upgrade_postgres() -> None:
+def _schema_prefix() -> str:
+    """The current schema, quoted, with a dot: functions an index calls run with the
+    search_path of whoever builds it (a restore runs with an empty one), so the inner calls
+    name their schema."""
     if op.get_context().as_sql:
         schema = "public"
     else:
         schema = op.get_bind().exec_driver_sql("SELECT current_schema()").scalar()
-    # Functions an index calls run with the search_path of whoever builds it (a restore
-    # runs with an empty one): the inner calls name their schema.
-    s = '"' + str(schema).replace('"', '""') + '".'
+    return '"' + str(schema).replace('"', '""') + '".'
+
+
+def function_statements(s: str) -> list[str]:
+    """The ``CREATE FUNCTION`` statements of this revision's functions, in schema ``s``
+    (quoted, with a dot). Revision 0006 replaces some and restores them on downgrade."""
     word = _pg_class()
+    out: list[str] = []
     # translate() takes characters, not escapes: E'' literals with \u escapes.
     fold_from = "E" + Q + "".join(f"\\u{ord(c):04x}" for c in FOLD_FROM) + Q
     fold_to = "E" + Q + "".join(f"\\u{ord(c):04x}" for c in FOLD_TO) + Q
@@ -212,7 +219,7 @@ def _upgrade_postgres() -> None:
     # each escape and each '", "' between strings made one space: after the leading '["'
     # the text is the strings joined by spaces, character for character.
     strings = "'strict $.** ? (@.type() == \"string\")'"
-    op.execute(
+    out.append(
         f"""CREATE FUNCTION {s}ds_search_text(content jsonb) RETURNS text
         LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         SELECT left(regexp_replace(jsonb_path_query_array(content, {strings})::text,
@@ -221,7 +228,7 @@ def _upgrade_postgres() -> None:
     )
     # Its words: case folded (lower, then the foldings lower leaves), runs of more than
     # MAX_WORD word characters dropped, split on everything else.
-    op.execute(
+    out.append(
         f"""CREATE FUNCTION {s}ds_search_words(text text) RETURNS text[]
         LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         SELECT array_remove(regexp_split_to_array(regexp_replace(
@@ -233,7 +240,7 @@ def _upgrade_postgres() -> None:
     # The tsvector of a content's words, at their positions, so that a search counts each
     # word's occurrences from it. Positions stop at 16,383 and 256 per word: past either,
     # the vector has no positions, and a search counts from the content instead.
-    op.execute(
+    out.append(
         f"""CREATE FUNCTION {s}ds_search_vector(content jsonb) RETURNS tsvector
         LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
         DECLARE
@@ -257,7 +264,7 @@ def _upgrade_postgres() -> None:
     # A search text as a tsquery of all its words, each quoted (a word holds only word
     # characters: never a quote or an operator), so the text is data, never syntax.
     # NULL (matching nothing) when it has no word.
-    op.execute(
+    out.append(
         f"""CREATE FUNCTION {s}ds_search_query(text text) RETURNS tsquery
         LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         SELECT CASE WHEN cardinality({s}ds_search_words(text)) > 0 THEN CAST(
@@ -265,6 +272,13 @@ def _upgrade_postgres() -> None:
             || {Q * 4} AS tsquery) END
         $$"""
     )
+    return out
+
+
+def _upgrade_postgres() -> None:
+    s = _schema_prefix()
+    for statement in function_statements(s):
+        op.execute(statement)
     # Stored, so that neither a search's filter nor a recheck computes it again; adding
     # it rewrites ds_events once, which indexes the events already stored.
     op.execute(

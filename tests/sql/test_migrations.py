@@ -137,7 +137,7 @@ def test_script_location_and_head() -> None:
     assert (location / "env.py").is_file()
     assert (location / "script.py.mako").is_file()
     assert (location / "versions" / "0001_initial.py").is_file()
-    assert head() == "0005"
+    assert head() == "0006"
 
 
 def test_revisions_are_frozen_snapshots() -> None:

@@ -104,7 +104,8 @@ def test_the_rules_refuse_what_citus_cannot_route() -> None:
     q = PostgresStatements(OPS, DIALECT)
     for statement in (
         q._pg_fork(),
-        q._pg_append_many(),
+        q._pg_append_many((False, False, False, False)),
+        q._pg_append_many((True, True, False, False)),
         q._pg_truncate(),
         q._pg_truncate(pop=True),
     ):

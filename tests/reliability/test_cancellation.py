@@ -291,6 +291,16 @@ async def _append(store: SQLStore) -> Callable[[], Awaitable[Any]]:
     )
 
 
+async def _append_private(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    # No shared key: on Postgres a statement of its own shape (no shared-state CTEs).
+    return lambda: store.append_event(ORG, "s1", event("e-private", 7, k=7))
+
+
+async def _append_events_private(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    batch = [event("p1", 8, k=8), event("p2", 9)]
+    return lambda: store.append_events(ORG, "s1", batch)
+
+
 async def _touch(store: SQLStore) -> Callable[[], Awaitable[Any]]:
     return lambda: store.touch(ORG, "s1", messages=3, tokens=4, title="touched")
 
@@ -329,6 +339,8 @@ WRITES: dict[str, Op] = {
     "save": _save,
     "append_event": _append,
     "append_events": _append_events,
+    "append_private": _append_private,
+    "append_events_private": _append_events_private,
     "truncate_events": _truncate,
     "pop_event": _pop,
     "touch": _touch,

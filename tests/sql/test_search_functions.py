@@ -10,37 +10,24 @@ positions, more than 16,382 words, escapes, nesting, and random mixes.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from durable_sessions.migrate import script_location
 from durable_sessions.prepare import MAX_QUERY
+from support.revisions import load_revision
 
 pytestmark = pytest.mark.postgres
 
-VERSIONS = Path(script_location()) / "versions"
 OLD = "ds_search_0003"
 
 
-def _revision(filename: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"revision_{filename[:4]}", VERSIONS / filename)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _texts() -> list[str]:
-    r = _revision("0003_search.py")
+    r = load_revision("0003_search.py")
     rng = random.Random(20261201)
     words = [chr(a) for a, _ in r._ranges(r.WORD_RANGES)][:400]
     cases = "\u0130\u0131\u1e9e\u00df\u03a3\u03c3\u03c2"  # dotted and dotless i, sharp s, sigmas
@@ -81,7 +68,7 @@ def _contents(texts: list[str]) -> list[Any]:
 async def test_revision_0006_agrees_with_0003_on_words_vectors_and_queries(
     migrated_pg_url: str,
 ) -> None:
-    r = _revision("0003_search.py")
+    r = load_revision("0003_search.py")
     texts = _texts()
     contents = [json.dumps(c) for c in _contents(texts)]
     engine = create_async_engine(migrated_pg_url)

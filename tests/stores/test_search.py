@@ -3,11 +3,9 @@ of it in the revision, the index each dialect reads, and the limits of what is i
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import sqlite3
 import unicodedata
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -16,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from durable_sessions import Event, InMemoryStore, Manager, SQLStore, Store, fulltext
-from durable_sessions.migrate import script_location
+from support.revisions import load_revision
 from support.sql import (
     SQL_BACKENDS,
     pg_plan,
@@ -25,16 +23,9 @@ from support.sql import (
     the_data_statement,
 )
 
-REVISION = Path(script_location()) / "versions" / "0003_search.py"
-
 
 def _revision() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("search_revision", REVISION)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_revision("0003_search.py")
 
 
 def _assigned() -> list[str]:

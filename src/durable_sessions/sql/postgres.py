@@ -166,16 +166,16 @@ class PostgresStatements(PostgresShapes):
 
         A data-modifying CTE costs every execution even when its input is empty: the
         executor opens and locks its table and indexes and sets up the upsert's conflict
-        check. An append without shared keys (the OpenAI Agents SDK's, most of ADK's)
-        thus runs a statement with no shared-state CTE at all; each shape is compiled on
-        first use.
+        check. An append without shared keys (every one of the OpenAI Agents SDK adapter's,
+        and ADK's without ``user:`` or ``app:`` keys) thus runs a statement with no
+        shared-state CTE at all; each shape is compiled on first use (only then is its
+        builder looked up).
         """
         scopes = (
             bool(delta.user_set), bool(delta.app_set),
             bool(delta.user_deleted), bool(delta.app_deleted),
         )  # fmt: skip
-        build = getattr(self, f"_pg_{name}")
-        return self.shape(("pg", name, scopes), lambda: build(scopes))
+        return self.shape(("pg", name, scopes), lambda: getattr(self, f"_pg_{name}")(scopes))
 
     def _pg_update(self, scopes: Scopes) -> Any:
         """save: the version-checked update of the session row and every shared change."""

@@ -366,7 +366,7 @@ class Programs:
     def session_then_events(self, shape: tuple[bool, bool], params: dict[str, Any]) -> Job[Session]:
         """A session, then its events (``shape``: after?, limit?), as two statements: the
         stepwise ``get_with_events``, and Postgres's for a transcript too large for one
-        jsonb value. The events are read as rows, so any transcript ``list_events`` can
+        json text (1 GB). The events are read as rows, so any transcript ``list_events`` can
         return comes back whole."""
         stmt = self.q.shape(("events", *shape), lambda: self.q.events_query(*shape))
         return Job(self._session_then_events(stmt, params, newest_first=shape[1]), "read")

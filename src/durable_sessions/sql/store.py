@@ -59,7 +59,7 @@ T = TypeVar("T")
 
 # Postgres: lock_not_available (lock_timeout ran out), deadlock_detected.
 _LOCK_CONFLICTS = ("55P03", "40P01")
-# Postgres: program_limit_exceeded (a jsonb value past its 256 MB).
+# Postgres: program_limit_exceeded (a json text past its 1 GB, or a jsonb value past 256 MB).
 _TOO_LARGE = ("54000",)
 
 
@@ -259,7 +259,7 @@ class SQLStore:
         except StoreError as exc:
             if not _sqlstate_in(exc, _TOO_LARGE):
                 raise
-        # Postgres builds the transcript as one jsonb value, which cannot pass 256 MB: a
+        # Postgres builds the transcript as one json text, which cannot pass 1 GB: a
         # larger one is read as rows instead (whatever list_events returns, this returns).
         # The session and its events are then two statements, not one snapshot.
         return await self._run(self._programs.session_then_events(shape, params), "get")
@@ -281,7 +281,7 @@ class SQLStore:
         except StoreError as exc:
             if not _sqlstate_in(exc, _TOO_LARGE):
                 raise
-        # Past jsonb's 256 MB, as for get_with_events: the events are read as rows.
+        # Past 1 GB, as for get_with_events: the events are read as rows.
         return await self._run(self._programs.session_then_events_json(shape, params), "get")
 
     async def update(self, session: Session) -> Session:

@@ -82,6 +82,7 @@ from .state import (
     MAX_ID_LENGTH,
     TEMP_PREFIX,
     USER_PREFIX,
+    collector_paused,
     from_json,
     validate_id,
 )
@@ -467,7 +468,8 @@ class DurableSessionService(BaseSessionService):
             return None
         stored, text = loaded
         if after is None and limit != 0:
-            events, newest = _events_from_json(text)
+            with collector_paused():  # fresh models and no cycle among them: see list_sessions
+                events, newest = _events_from_json(text)
         else:
             items = from_json(text)
             newest = items[-1][-1] if items else None
@@ -506,6 +508,14 @@ class DurableSessionService(BaseSessionService):
         # One JSON text (Store.list_states_json): each owner's shared state once, every
         # session as a short array; nothing is built per session but its ADK session.
         text = await self.store.list_states_json(Filter(org_id, user_id=user_id, app_name=app_name))
+        # Thousands of fresh containers, no cycle among them: built with the collector
+        # paused (its collections meanwhile took about half the listing's time).
+        with collector_paused():
+            return self._listing(org_id, text)
+
+    @staticmethod
+    def _listing(org_id: str, text: str) -> ListSessionsResponse:
+        """``list_sessions``' response, from ``Store.list_states_json``'s text."""
         listing = from_json(text)
         users = {(a, u): OwnerState(USER_PREFIX, state) for a, u, state in listing["users"]}
         apps = {a: OwnerState(APP_PREFIX, state) for a, state in listing["apps"]}

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -268,6 +271,37 @@ _DIGITS_AS_ZERO = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
 """A ``bytes.translate`` table: every ASCII digit becomes ``0``, every other byte a space."""
 _LONG_DIGIT_RUN = b"0" * 19
 """19 digits in a row: the shortest integer beyond 64 bits (-9223372036854775809) has 19."""
+
+
+_PAUSE_LOCK = threading.Lock()
+_pauses = 0
+_resume = False
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while building many fresh containers that
+    hold no reference cycle (a decoded transcript, a listing's sessions).
+
+    Collections triggered meanwhile would find nothing to free, but each moves what is
+    half built towards the oldest generation, whose full collections (a walk of every
+    object in the process) then come sooner. The collector runs again as soon as the block
+    ends (unless it was off already); blocks in several threads share one pause. The block
+    must not await: other tasks would run with the collector off.
+    """
+    global _pauses, _resume
+    with _PAUSE_LOCK:
+        if not _pauses:
+            _resume = gc.isenabled()
+            gc.disable()
+        _pauses += 1
+    try:
+        yield
+    finally:
+        with _PAUSE_LOCK:
+            _pauses -= 1
+            if not _pauses and _resume:
+                gc.enable()
 
 
 def loads_json(text: str) -> Any:

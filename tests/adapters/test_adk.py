@@ -259,6 +259,57 @@ async def test_list_sessions_is_least_recently_updated_first(
     assert times == sorted(times)
 
 
+async def test_listing_and_reading_build_models_with_the_collector_paused(
+    service: DurableSessionService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Building a listing's sessions and a transcript's events makes thousands of fresh
+    # objects without a cycle: Python's cyclic collector is paused meanwhile (its
+    # collections took about half a 1,000-session listing's time), then restored as it was,
+    # on error too.
+    import gc
+
+    from durable_sessions import adk
+
+    seen: list[tuple[str, bool]] = []
+    make, from_text = adk._make_session, adk._events_from_json
+
+    def spying_make(values: Any, marker: Any) -> Any:
+        seen.append(("make", gc.isenabled()))
+        return make(values, marker)
+
+    def spying_events(text: str) -> Any:
+        seen.append(("events", gc.isenabled()))
+        return from_text(text)
+
+    monkeypatch.setattr(adk, "_make_session", spying_make)
+    monkeypatch.setattr(adk, "_events_from_json", spying_events)
+    made = await service.create_session(app_name=APP, user_id="u", state={"k": 1})
+    await service.append_event(made, user_event())
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            seen.clear()
+            listed = await service.list_sessions(app_name=APP, user_id="u")
+            got = await service.get_session(app_name=APP, user_id="u", session_id=made.id)
+            assert [s.state for s in listed.sessions] == [{"k": 1}]
+            assert got is not None
+            assert len(got.events) == 1
+            assert seen == [("make", False), ("events", False)]
+            assert gc.isenabled() is enabled
+        gc.enable()
+
+        def failing_make(values: Any, marker: Any) -> Any:
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(adk, "_make_session", failing_make)
+        with pytest.raises(RuntimeError, match="boom"):
+            await service.list_sessions(app_name=APP, user_id="u")
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 async def test_listed_sessions_are_what_get_session_returns_without_events(
     service: DurableSessionService,
 ) -> None:

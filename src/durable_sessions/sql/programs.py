@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import builtins
 import gc
-import threading
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from ..errors import SessionNotFoundError, StaleSessionError
@@ -25,7 +24,15 @@ from ..prepare import (
     event_json,
     merge_state,
 )
-from ..state import APP_PREFIX, USER_PREFIX, ScopedDelta, copy_json, from_json, loads_json
+from ..state import (
+    APP_PREFIX,
+    USER_PREFIX,
+    ScopedDelta,
+    collector_paused,
+    copy_json,
+    from_json,
+    loads_json,
+)
 from .runner import Mode, Program, Query
 from .statements import Retention, Statements
 
@@ -153,11 +160,6 @@ def shared_params(delta: ScopedDelta) -> dict[str, Any]:
     }
 
 
-_PAUSE_LOCK = threading.Lock()
-_pauses = 0
-_resume = False
-
-
 _YOUNG_COLLECTIONS_PER_READ = 4
 """Collections of generation 0 that one transcript read may set off: the driver's rows (a
 thousand asyncpg records), then the decoded document."""
@@ -183,29 +185,16 @@ def make_room_for_a_read() -> None:
 
 def loads_document(text: str) -> Any:
     """``json.loads`` of a whole transcript (``state.loads_json``: orjson where it reads the
-    text alike), with Python's cyclic garbage collector paused.
+    text alike), with Python's cyclic garbage collector paused (``state.collector_paused``).
 
     Decoding builds thousands of fresh containers, and never a reference cycle; collections
     triggered meanwhile find nothing to free, but move the half-built document towards the
     oldest generation, whose full collections (a walk of every object in the process) then
     come sooner: on the 1,000-item read of ``python -m benchmarks --suite openai`` they cost
-    a quarter of its mean time. The collector runs again as soon as the decode ends (unless
-    it was off already); concurrent decodes in several threads share one pause. See also
-    ``make_room_for_a_read``, run before the read.
+    a quarter of its mean time. See also ``make_room_for_a_read``, run before the read.
     """
-    global _pauses, _resume
-    with _PAUSE_LOCK:
-        if not _pauses:
-            _resume = gc.isenabled()
-            gc.disable()
-        _pauses += 1
-    try:
+    with collector_paused():
         return loads_json(text)
-    finally:
-        with _PAUSE_LOCK:
-            _pauses -= 1
-            if not _pauses and _resume:
-                gc.enable()
 
 
 def _first_count(row: Any) -> int:

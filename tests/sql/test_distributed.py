@@ -85,16 +85,18 @@ def test_every_statement_distributed_mode_can_run_is_routed_to_one_worker(
     with recording(monkeypatch) as seen:
         q = DistributedStatements(OPS, DIALECT)
         shapes = compile_every_shape(q)
+        truncation = q.truncation_steps()
     assert {"list_query", "events_query", "event_contents", "pg_get_with_events"} <= set(shapes)
     assert "append_many" in shapes
     compiled = [compile_statement(stmt, DIALECT).sql for stmt in seen]
     assert not [sql for sql in compiled if sql.lstrip().upper().startswith("WITH")]
     # Every step of every write, the shared-state read and the locks are among them.
     for attribute in ("insert_session", "upsert_user", "upsert_app", "insert_event",
-                      "copy_events", "update", "append_private", "truncate_session", "newest_seq",
+                      "copy_events", "update", "append_private", "newest_seq",
                       "delete_user_keys", "delete_app_keys", "parent", "lock_session",
                       "shared", "get", "touch", "lock_timeout"):  # fmt: skip
         assert getattr(q, attribute).sql in compiled, attribute
+    assert all(step.sql in compiled for step in truncation)
     assert len(seen) >= 60
 
 

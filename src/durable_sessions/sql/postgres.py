@@ -586,6 +586,12 @@ class PostgresPrograms(PostgresReads):
             raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
         return [event_from_array(item) for item in row.events or ()]
 
+    def truncate_rows(self, params: dict[str, Any]) -> Job[builtins.list[Event]]:
+        """A truncation whose removed events pass the one statement's 1 GB of json text:
+        the session row locked, the events deleted and returned as rows, the counters
+        (``truncate_as_rows``)."""
+        return Job(self.truncate_as_rows(params, self.q.pg_lock_session), "write")
+
     def pop(self, params: dict[str, Any]) -> builtins.list[Job[builtins.list[Event] | None]]:
         # One statement; a second, locked attempt only if a concurrent write landed while it
         # ran, as for a truncation.

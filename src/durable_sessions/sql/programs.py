@@ -312,6 +312,30 @@ class Programs:
             org_id, session_id, counters, params.get("v_count", 0), params.get("v_tokens", 0)
         )
 
+    def truncate_as_rows(
+        self, params: dict[str, Any], lock: Any = None
+    ) -> Program[builtins.list[Event]]:
+        """A truncation in steps (``Statements.truncation_steps``), the removed events read
+        as rows, after ``lock`` (the session row's, where rows are locked): SQLite's and
+        distributed Postgres's, and Postgres's for removed events too large for the one
+        statement's json text. Run in one write transaction."""
+        if lock is not None:
+            yield Query(lock, params)
+        removed_stmt, session_stmt = self.q.truncation_steps()
+        rows = (yield Query(removed_stmt, params)).rows
+        removed = sorted((event_from_row(row) for row in rows), key=lambda e: e.seq)
+        params = {**params, "v_count": len(removed), "v_tokens": sum(e.tokens for e in removed)}
+        if (yield Query(session_stmt, params)).first() is None:  # rolled back
+            yield from self.check_guard({**params, "v_count": 0, "v_tokens": 0})
+            raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
+        return removed
+
+    def truncate_rows(self, params: dict[str, Any]) -> Job[builtins.list[Event]] | None:
+        """``truncate_as_rows`` as a job, for a truncation whose one statement could not
+        return its removed events (too large); None where ``truncate`` reads them as rows
+        already."""
+        return None
+
     def check_shared_deletes(self, params: dict[str, Any], delta: ScopedDelta) -> Program[None]:
         """Lock the shared keys a save deletes and check they hold what the copy read."""
         org_id, session_id = params["k_org"], params["k_id"]

@@ -522,6 +522,40 @@ class Statements:
             .returning(S.c.event_seq, S.c.app_name, S.c.user_id)
         )
 
+    def truncation_steps(self) -> tuple[Compiled, Compiled]:
+        """A truncation as two steps, its events read as rows: delete the events after
+        ``k_after_seq``, returning them; then take ``v_count`` events and ``v_tokens``
+        tokens off the session's counters and its seq back to ``k_after_seq`` (never
+        forward), returning its version (no row: the guard failed). Compiled on first use."""
+        after = bindparam("k_after_seq", type_=BigInteger)
+        removed = self.shape(
+            ("truncate", "removed"),
+            lambda: (
+                delete(events).where(EVENTS_KEY, events.c.seq > after).returning(*EVENT_COLUMNS)
+            ),
+        )
+        return removed, self.shape(("truncate", "session"), self._truncate_session)
+
+    def _truncate_session(self) -> Any:
+        after = bindparam("k_after_seq", type_=BigInteger)
+        count = bindparam("v_count", type_=BigInteger)
+        tokens = bindparam("v_tokens", type_=BigInteger)
+        zero = literal(0, BigInteger)
+        return (
+            update(S)
+            .where(self.truncate_guard())
+            .values(
+                event_seq=case((S.c.event_seq > after, after), else_=S.c.event_seq),
+                message_count=case(
+                    (S.c.message_count > count, S.c.message_count - count), else_=zero
+                ),
+                token_total=case((S.c.token_total > tokens, S.c.token_total - tokens), else_=zero),
+                updated_at=NOW,
+                version=S.c.version + 1,
+            )
+            .returning(S.c.version)
+        )
+
     @staticmethod
     def truncate_guard() -> Any:
         expected = bindparam("v_expected", type_=BigInteger)

@@ -21,15 +21,15 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import BigInteger, Table, bindparam, case, delete, insert, literal, select, update
+from sqlalchemy import Table, bindparam, delete, insert, select
 from sqlalchemy.engine import Dialect
 
-from ..errors import SessionExistsError, SessionNotFoundError, StaleSessionError
+from ..errors import SessionExistsError, SessionNotFoundError
 from ..model import Event, Session
 from ..prepare import fork_state, merge_state
 from ..state import ScopedDelta
 from .dialect import DialectOps
-from .programs import Job, Programs, event_from_row, session_from_row, shared_items
+from .programs import Job, Programs, session_from_row, shared_items
 from .runner import Program, Query
 from .schema import app_state, events, user_state
 from .statements import (
@@ -37,7 +37,6 @@ from .statements import (
     EVENT_COLUMNS,
     EVENTS_KEY,
     META,
-    NOW,
     OWNED,
     SESSION_KEY,
     USER_KEY,
@@ -101,14 +100,8 @@ class StepwiseStatements(Statements):
         )
         self.append_many_plain = c(self.append_many(merge=False))
         self.append_many_private = c(self.append_many(merge=True))
-        # truncate: lock the session row (Postgres), delete the events after k_after_seq,
-        # returning them, then take what they added off the counters (_truncate_session).
+        # truncate: lock the session row (Postgres), then Statements.truncation_steps.
         self.lock_session = c(self.locked(select(S.c.version).where(SESSION_KEY)))
-        after = bindparam("k_after_seq", type_=BigInteger)
-        self.truncate_removed = c(
-            delete(events).where(EVENTS_KEY, events.c.seq > after).returning(*EVENT_COLUMNS)
-        )
-        self.truncate_session = c(self._truncate_session())
         # pop: the newest event's seq (a backward range of the key), then a truncation.
         self.newest_seq = c(
             select(events.c.seq).where(EVENTS_KEY).order_by(events.c.seq.desc()).limit(1)
@@ -117,28 +110,6 @@ class StepwiseStatements(Statements):
     def _upsert(self, table: Table, keys: list[str]) -> Any:
         stmt = self.ops.insert(table).values(bound_row(table))
         return self.ops.on_conflict_update(stmt, keys, ["value", "updated_at"])
-
-    def _truncate_session(self) -> Any:
-        """Take ``v_count`` events and ``v_tokens`` tokens off a session's counters and its
-        seq back to ``k_after_seq`` (never forward). No row: the guard failed."""
-        after = bindparam("k_after_seq", type_=BigInteger)
-        count = bindparam("v_count", type_=BigInteger)
-        tokens = bindparam("v_tokens", type_=BigInteger)
-        zero = literal(0, BigInteger)
-        return (
-            update(S)
-            .where(self.truncate_guard())
-            .values(
-                event_seq=case((S.c.event_seq > after, after), else_=S.c.event_seq),
-                message_count=case(
-                    (S.c.message_count > count, S.c.message_count - count), else_=zero
-                ),
-                token_total=case((S.c.token_total > tokens, S.c.token_total - tokens), else_=zero),
-                updated_at=NOW,
-                version=S.c.version + 1,
-            )
-            .returning(S.c.version)
-        )
 
 
 class StepwisePrograms(Programs):
@@ -337,16 +308,9 @@ class StepwisePrograms(Programs):
     def _truncate(
         self, params: dict[str, Any], *, locked: bool = False
     ) -> Program[builtins.list[Event] | None]:
-        q = self.q
-        if self.row_locks and not locked:  # no append may land between the delete and the counters
-            yield Query(q.lock_session, params)
-        rows = (yield Query(q.truncate_removed, params)).rows
-        removed = sorted((event_from_row(row) for row in rows), key=lambda e: e.seq)
-        params.update(v_count=len(removed), v_tokens=sum(e.tokens for e in removed))
-        if (yield Query(q.truncate_session, params)).first() is None:  # rolled back
-            yield from self.check_guard({**params, "v_count": 0, "v_tokens": 0})
-            raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
-        return removed
+        # Row locks: no append may land between the delete and the counters.
+        lock = self.q.lock_session if self.row_locks and not locked else None
+        return (yield from self.truncate_as_rows(params, lock))
 
     def pop(self, params: dict[str, Any]) -> builtins.list[Job[builtins.list[Event] | None]]:
         return [Job(self._pop(params), "write")]

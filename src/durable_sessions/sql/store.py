@@ -606,10 +606,19 @@ class SQLStore:
             "v_expected": expected_version, "v_incarnation": incarnation,
         }  # fmt: skip
         await self._ready("truncate_events")
-        for job in self._programs.truncate(params):
-            removed = await self._run(job, "truncate_events")
-            if removed is not None:
-                return removed
+        try:
+            for job in self._programs.truncate(params):
+                removed = await self._run(job, "truncate_events")
+                if removed is not None:
+                    return removed
+        except StoreError as exc:
+            # Postgres returns the removed events as one json text, which cannot pass 1 GB:
+            # past it, nothing was written, and the truncation runs again in steps that
+            # read them as rows (as SQLite's does).
+            in_steps = self._programs.truncate_rows(params)
+            if in_steps is None or not _sqlstate_in(exc, _TOO_LARGE):
+                raise
+            return await self._run(in_steps, "truncate_events")
         raise AssertionError("the last truncation job always answers")  # pragma: no cover
 
     async def pop_event(

@@ -596,7 +596,8 @@ class SQLStore:
         """Remove the events after ``after_seq``; return them, oldest first (see ``Store``).
 
         One statement on Postgres (a second, locked attempt only if a concurrent write
-        landed while it ran); one write transaction on SQLite.
+        landed while it ran; removed events past 1 GB of JSON, which that statement cannot
+        return, take a write transaction of steps instead); one write transaction on SQLite.
         """
         check_session(org_id, session_id)
         check_after_seq(after_seq)

@@ -95,24 +95,32 @@ class PostgresShapes(Statements):
 
         The events come as one json array of ``[seq, id, author, invocation_id, content,
         state_delta, tokens, epoch microseconds]`` rows, oldest first (``as_text``: as its
-        JSON text, which the driver does not decode).
-
-        ``json``, not ``jsonb``: ``json_build_array`` and ``json_agg`` only append each
-        value's text, while their jsonb twins convert every content and state delta into a
-        new jsonb tree and then back to text, which took about half the statement's time
-        (20 events of 1,000: 0.63 ms against 0.32 ms per execution, ``pgbench -M
-        prepared``). A json text can also reach 1 GB, where a jsonb value stops at 256 MB.
+        JSON text, which the driver does not decode; see ``events_json``).
         """
         chosen = self.events_query(has_after, has_limit).subquery("chosen")
-        micros = cast(extract("epoch", chosen.c.timestamp) * 1_000_000, BigInteger)
-        item = func.json_build_array(
-            *[chosen.c[col.name] for col in EVENT_COLUMNS if col.name != "timestamp"], micros
-        )
-        whole: Any = func.json_agg(aggregate_order_by(item, chosen.c.seq))
+        whole: Any = self.events_json(chosen)
         if as_text:
             whole = cast(whole, Text)
         transcript = select(whole).scalar_subquery().label("events")
         return select(*META, *self.state_columns(), transcript).where(SESSION_KEY)
+
+    @staticmethod
+    def events_json(rows: Any) -> Any:
+        """The json array of the events ``rows`` holds (a subquery or CTE with the event
+        columns), oldest first, each ``[seq, id, author, invocation_id, content,
+        state_delta, tokens, epoch microseconds]``; NULL without rows.
+
+        ``json``, not ``jsonb``: ``json_build_array`` and ``json_agg`` only append each
+        value's text, while their jsonb twins convert every content and state delta into a
+        new jsonb tree and then back to text, which took about half of a transcript read's
+        time (20 events of 1,000: 0.63 ms against 0.32 ms per execution, ``pgbench -M
+        prepared``). A json text can also reach 1 GB, where a jsonb value stops at 256 MB.
+        """
+        micros = cast(extract("epoch", rows.c.timestamp) * 1_000_000, BigInteger)
+        item = func.json_build_array(
+            *[rows.c[col.name] for col in EVENT_COLUMNS if col.name != "timestamp"], micros
+        )
+        return func.json_agg(aggregate_order_by(item, rows.c.seq))
 
     def json_listing(self, listed: Any, owners: Any, user_agg: Any, apps: Any, app_agg: Any) -> Any:
         """Postgres: ``json_build_object`` of three ``json_agg``; jsonb state embedded as is."""
@@ -374,7 +382,7 @@ class PostgresStatements(PostgresShapes):
 
     def _pg_truncate(self, *, pop: bool = False) -> Any:
         """Postgres: a truncation as one statement; the removed events come back as one
-        json array (as ``pg_get_with_events`` returns them), oldest first.
+        json array (``events_json``, as ``pg_get_with_events`` returns them), oldest first.
 
         The statement reads the transcript in its snapshot, and updates the session row
         only if the row's version is still the one that snapshot saw (a concurrent writer
@@ -424,15 +432,7 @@ class PostgresStatements(PostgresShapes):
             .returning(*EVENT_COLUMNS)
             .cte("removed")
         )
-        micros = cast(extract("epoch", removed.c.timestamp) * 1_000_000, BigInteger)
-        item = func.json_build_array(
-            *[removed.c[col.name] for col in EVENT_COLUMNS if col.name != "timestamp"], micros
-        )
-        transcript = (
-            select(func.json_agg(aggregate_order_by(item, removed.c.seq)))
-            .scalar_subquery()
-            .label("events")
-        )
+        transcript = select(self.events_json(removed)).scalar_subquery().label("events")
         if not pop:
             return select(cut.c.version, transcript)
         written = select(cut.c.version).scalar_subquery().label("version")

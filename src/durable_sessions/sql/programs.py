@@ -33,6 +33,7 @@ from ..state import (
     from_json,
     loads_json,
 )
+from .compiled import Compiled
 from .runner import Mode, Program, Query
 from .statements import Retention, Statements
 
@@ -313,7 +314,7 @@ class Programs:
         )
 
     def truncate_as_rows(
-        self, params: dict[str, Any], lock: Any = None
+        self, params: dict[str, Any], lock: Compiled | None = None
     ) -> Program[builtins.list[Event]]:
         """A truncation in steps (``Statements.truncation_steps``), the removed events read
         as rows, after ``lock`` (the session row's, where rows are locked): SQLite's and

@@ -1616,6 +1616,6 @@ async def test_each_call_is_one_statement(store: Store) -> None:
     for name, call in calls.items():
         with statements(engine) as seen:
             await call
-        # SQLite reads a session and its events, or deletes both, in two statements.
-        expected = 1 if pg or name == "get_user_state" else 2
+        # SQLite reads a session and its events in two statements.
+        expected = 2 if name == "get" and not pg else 1
         assert len(data_statements(seen)) <= expected, (name, data_statements(seen))

@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from durable_sessions import (
     Event,
@@ -109,6 +110,29 @@ async def test_a_deleted_copy_writes_nothing_and_says_so(store: Store) -> None:
     with pytest.raises(SessionNotFoundError):
         await manager.append_event(session, Event("u"))
     assert await store.list(Filter(org_id="org")) == []
+
+
+async def test_a_deleted_sessions_transcript_goes_with_it(store: Store, backend: str) -> None:
+    """Its events go in the same delete: none is left in storage, none shows up under a new
+    session of the same id, whose seqs start at 1; a fork of it keeps its own copy."""
+    manager = Manager(store)
+    session = await manager.create("org", "u", id="gone")
+    for n in range(3):
+        await manager.append_event(session, Event("u", {"text": f"old {n}"}))
+    kept = await manager.fork("org", "gone", with_events=True)
+    await manager.delete("org", "gone")
+    if backend != "memory":
+        async with store.engine.connect() as conn:  # type: ignore[attr-defined]
+            left = await conn.execute(
+                text("SELECT count(*) FROM ds_events WHERE org_id = 'org' AND session_id = 'gone'")
+            )
+            assert left.scalar_one() == 0
+    again = await manager.create("org", "u", id="gone")
+    assert await store.list_events("org", "gone") == []
+    stored = await manager.append_event(again, Event("u", {"text": "new"}))
+    assert stored.seq == 1
+    assert [e.content for e in await store.list_events("org", "gone")] == [{"text": "new"}]
+    assert len(await store.list_events("org", kept.id)) == 3
 
 
 async def test_forks_and_listed_copies_carry_their_incarnation(store: Store) -> None:

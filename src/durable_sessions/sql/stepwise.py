@@ -87,7 +87,6 @@ class StepwiseStatements(Statements):
         # v_private_state, merged in Python under SQLite's write lock.
         self.append_private = c(self._append(merge=True).returning(*self._append_returning()))
         self.insert_event = c(insert(events).values(bound_row(events)))
-        self.delete_events = c(delete(events).where(EVENTS_KEY))
         self.delete_session = c(delete(S).where(SESSION_KEY, OWNED))
         # fork: the parent, locked (Postgres) so that no append lands while its transcript
         # is copied; SQLite's write lock, taken up front, does the same.
@@ -204,18 +203,14 @@ class StepwisePrograms(Programs):
         return int(done.version)
 
     def delete(self, key: dict[str, Any]) -> Job[None]:
-        # On Postgres one statement: the events go with the session row (ON DELETE CASCADE,
-        # since the first revision), atomic by itself. SQLite deletes them explicitly too,
-        # only once the session row (of the owner asked for) is gone.
+        # One statement: the events go with the session row (ON DELETE CASCADE, since the
+        # first revision; the store turns SQLite's foreign_keys on for every connection),
+        # atomic by itself.
         return Job(self._delete(key), "atomic" if self.row_locks else "write")
 
     def _delete(self, key: dict[str, Any]) -> Program[None]:
-        # The session row first: on Postgres its lock orders this delete with the writers
-        # of the session, which lock it before its events.
         if not (yield Query(self.q.delete_session, key)).rowcount:
             raise SessionNotFoundError(key["k_org"], key["k_id"])
-        if not self.row_locks:
-            yield Query(self.q.delete_events, key)
 
     def _private_merge(self, params: dict[str, Any], delta: ScopedDelta) -> Program[None]:
         """Pass an append's private delta: merged in the UPDATE where the dialect can

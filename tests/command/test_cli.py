@@ -195,16 +195,16 @@ def test_migrate_current_check_downgrade(db_url: str, capsys: pytest.CaptureFixt
     assert out.strip().endswith(f"run `durable-sessions --url {db_url} migrate`.")
     if db_url.startswith("sqlite"):
         assert not Path(db_url.split("///", 1)[1]).exists(), "check must not create the file"
-    assert cli(capsys, "--url", db_url, "current")[:2] == (0, "none (head is 0006)\n")
+    assert cli(capsys, "--url", db_url, "current")[:2] == (0, "none (head is 0007)\n")
 
-    assert cli(capsys, "--url", db_url, "migrate")[:2] == (0, "Migrated from base to 0006.\n")
-    assert cli(capsys, "migrate", "--url", db_url)[:2] == (0, "Already at 0006; nothing to do.\n")
-    assert cli(capsys, "--url", db_url, "check")[:2] == (0, "The schema is at head (0006).\n")
-    assert cli(capsys, "--url", db_url, "current")[:2] == (0, "0006 (head)\n")
+    assert cli(capsys, "--url", db_url, "migrate")[:2] == (0, "Migrated from base to 0007.\n")
+    assert cli(capsys, "migrate", "--url", db_url)[:2] == (0, "Already at 0007; nothing to do.\n")
+    assert cli(capsys, "--url", db_url, "check")[:2] == (0, "The schema is at head (0007).\n")
+    assert cli(capsys, "--url", db_url, "current")[:2] == (0, "0007 (head)\n")
 
     assert cli(capsys, "--url", db_url, "downgrade", "base")[:2] == (
         0,
-        "Downgraded from 0006 to base.\n",
+        "Downgraded from 0007 to base.\n",
     )
     assert cli(capsys, "--url", db_url, "check")[0] == 1
     code, _, err = cli(capsys, "--url", db_url, "list")
@@ -213,7 +213,7 @@ def test_migrate_current_check_downgrade(db_url: str, capsys: pytest.CaptureFixt
 
     assert cli(capsys, "--url", db_url, "migrate", "--revision", "0001")[0] == 0
     assert cli(capsys, "--url", db_url, "check")[0] == 1  # behind head
-    assert cli(capsys, "--url", db_url, "migrate")[:2] == (0, "Migrated from 0001 to 0006.\n")
+    assert cli(capsys, "--url", db_url, "migrate")[:2] == (0, "Migrated from 0001 to 0007.\n")
     assert cli(capsys, "--url", db_url, "check")[0] == 0
 
 
@@ -886,7 +886,7 @@ def test_an_unmigrated_postgres_database_is_one_line(
     code, _, err = cli(capsys, "--url", url, "show", "x")
     assert code == 1
     assert one_error_line(err) == (
-        f"{PROG}: error: the database schema is at no revision, this version needs 0006; "
+        f"{PROG}: error: the database schema is at no revision, this version needs 0007; "
         f"run `{PROG} --url {url} migrate`"
     )
 

@@ -137,7 +137,7 @@ def test_script_location_and_head() -> None:
     assert (location / "env.py").is_file()
     assert (location / "script.py.mako").is_file()
     assert (location / "versions" / "0001_initial.py").is_file()
-    assert head() == "0006"
+    assert head() == "0007"
 
 
 def test_revisions_are_frozen_snapshots() -> None:
@@ -419,3 +419,74 @@ async def test_search_index_is_built_over_stored_events_and_dropped_by_downgrade
             await conn.exec_driver_sql(
                 "INSERT INTO ds_events_fts (ds_events_fts) VALUES ('integrity-check')"
             )
+
+
+# Contents of every JSON shape, some whose text jsonb rewrites (key order, spacing of
+# numbers): what a reader gets must not change across revision 0007, either way.
+CONTENTS: list[Any] = [
+    {"zebra": 1, "apple": {"z": [1, 2.5, -0.0], "a": None}, "m": 'héllo "quoted" \\ \t'},
+    {"text": "stored before the json column", "n": 1.0, "big": 12345678901234567890},
+    ["a list", {"b": True, "a": False}, 1e-7],
+    "just a string with an emoji \U0001f600",
+    12.5,
+    None,
+]
+
+
+async def column_types(engine: AsyncEngine) -> dict[str, str]:
+    """The SQL type of each ds_events column, as Postgres names it."""
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_name = 'ds_events' AND table_schema = current_schema()"
+            )
+        )
+        return {name: kind for name, kind in rows}
+
+
+async def test_event_contents_read_the_same_across_revision_0007_both_ways(
+    db_engine: AsyncEngine,
+) -> None:
+    await upgrade(db_engine, "0006")
+    store = SQLStore(db_engine)
+    session = await Manager(store).create("org", "u", id="s")
+    for content in CONTENTS[:3]:
+        await store.append_event("org", session.id, Event("user", content=content))
+    await store.append_events("org", session.id, [Event("user", content=c) for c in CONTENTS[3:]])
+
+    async def seen() -> Any:
+        events = await store.list_events("org", session.id)
+        hits = await store.search("org", "stored")
+        return (
+            [e.content for e in events],
+            await store.list_event_contents("org", session.id),
+            [e.content for e in (await store.get_with_events("org", session.id)).events],
+            [(h.session_id, h.event.seq) for h in hits],
+        )
+
+    before = await seen()
+    assert before[0] == before[1] == before[2] == CONTENTS
+    assert before[3] == [("s", 2)]
+    pg = db_engine.dialect.name == "postgresql"
+    if pg:
+        assert (await column_types(db_engine))["content"] == "jsonb"
+
+    await upgrade(db_engine)
+    if pg:
+        assert (await column_types(db_engine))["content"] == "json"
+    assert await seen() == before
+    # Written after: a single append and a batch, both read back and searched as before.
+    await store.append_event("org", session.id, Event("user", content={"text": "stored after"}))
+    await store.append_events("org", session.id, [Event("user", content={"t": "stored twice"})])
+    after = await seen()
+    assert after[0] == [*CONTENTS, {"text": "stored after"}, {"t": "stored twice"}]
+    assert after[3] == [("s", 8), ("s", 7), ("s", 2)]  # as many words each: newest first
+
+    await downgrade(db_engine, "0006")
+    if pg:
+        assert (await column_types(db_engine))["content"] == "jsonb"
+        assert (await column_types(db_engine))["search_vector"] == "tsvector"
+    assert await seen() == after
+    await upgrade(db_engine)
+    assert await seen() == after

@@ -44,7 +44,7 @@ from .programs import (
     shared_params,
 )
 from .runner import Program, Query
-from .schema import JSONValue, UTCDateTime, app_state, events, user_state
+from .schema import JSONDocument, JSONValue, UTCDateTime, app_state, events, user_state
 from .statements import (
     APP_KEY,
     EVENT_COLUMNS,
@@ -152,9 +152,9 @@ class PostgresShapes(Statements):
 
         Rows rather than one ``json_agg`` text: the aggregate sorts its input (its
         ``ORDER BY``, on Postgres before 16) and sends nothing until the last content is
-        converted, while rows come in the primary key's order and stream as they are
-        converted (jsonb to text, most of the statement's time), the client decoding them
-        meanwhile; the program joins their texts into one JSON array, decoded at once.
+        read, while rows come in the primary key's order and stream as they are read, the
+        client decoding them meanwhile; the program joins their texts into one JSON array,
+        decoded at once. A content is ``json`` (revision 0007): its text is sent as stored.
         """
         rows = self.chosen_contents(has_limit)
         text = func.coalesce(cast(rows.c.content, Text), literal("null", Text))
@@ -206,7 +206,7 @@ class PostgresStatements(PostgresShapes):
             bindparam("e_id"),
             bindparam("e_author"),
             bindparam("e_invocation_id"),
-            bindparam("e_content", type_=JSONValue),
+            bindparam("e_content", type_=JSONDocument),
             bindparam("e_state_delta", type_=JSONValue),
             bindparam("v_tokens"),
             bindparam("e_timestamp", type_=UTCDateTime),
@@ -366,7 +366,7 @@ class PostgresStatements(PostgresShapes):
                 text("id"),
                 text("author"),
                 text("invocation_id"),
-                json("content"),
+                cast(json("content"), JSONDocument),  # a json column (revision 0007)
                 json("state_delta"),
                 cast(text("tokens"), BigInteger),
                 cast(text("timestamp"), UTCDateTime),

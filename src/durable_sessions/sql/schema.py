@@ -19,12 +19,13 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSON, JSONB
 
 from ..state import from_json, to_json
 
 __all__ = [
     "VERSION_TABLE",
+    "JSONDocument",
     "JSONValue",
     "UTCDateTime",
     "app_state",
@@ -66,24 +67,41 @@ class _JSONText(TypeDecorator[Any]):
         return None if value is None else from_json(value)
 
 
-class _JSONB(TypeDecorator[Any]):
-    """JSONB on Postgres, written through ``to_json`` so numbers keep their type."""
+class _PostgresJSON(TypeDecorator[Any]):
+    """Postgres's JSON types, written through ``to_json`` so numbers keep their type."""
 
-    impl = JSONB
     cache_ok = True
 
     def bind_processor(self, dialect: Dialect) -> Any:
-        # asyncpg's jsonb codec (installed by SQLAlchemy) takes the JSON text.
+        # asyncpg's json and jsonb codecs (installed by SQLAlchemy) take the JSON text.
         return to_json
 
     def result_processor(self, dialect: Dialect, coltype: Any) -> Any:
-        # The dialect's own JSONB: on asyncpg its codec has decoded the value already
+        # The dialect's own type: on asyncpg its codec has decoded the value already
         # (SQLAlchemy 2.0's plain JSONB would decode it a second time).
         return self.impl_instance.dialect_impl(dialect).result_processor(dialect, coltype)
 
 
+class _JSONB(_PostgresJSON):
+    """JSONB: a parsed value, with Postgres's operators (state, deltas, shared values)."""
+
+    impl = JSONB
+    cache_ok = True
+
+
+class _JSONDocument(_PostgresJSON):
+    """JSON: its text, checked when written and sent as stored (event contents)."""
+
+    impl = JSON
+    cache_ok = True
+
+
 JSONValue = _JSONText().with_variant(_JSONB(), "postgresql")
 """JSON as TEXT on SQLite, JSONB on Postgres; numbers come back with the type they had."""
+
+JSONDocument = _JSONText().with_variant(_JSONDocument(), "postgresql")
+"""JSON as TEXT on SQLite and JSON on Postgres (revision 0007): an event's content, which
+reads send as stored, without Postgres rebuilding its text from ``jsonb``."""
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -206,7 +224,7 @@ events = Table(
     Column("id", ID, nullable=False),
     Column("author", ID, nullable=False),
     Column("invocation_id", ID, nullable=False),
-    Column("content", JSONValue, nullable=True),
+    Column("content", JSONDocument, nullable=True),
     Column("state_delta", JSONValue, nullable=False),
     Column("tokens", BigInteger, nullable=False),
     Column("timestamp", UTCDateTime, nullable=False),

@@ -24,7 +24,7 @@ from sqlalchemy import (
     select,
     table,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, TSQUERY, TSVECTOR
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSQUERY, TSVECTOR
 
 from ..fulltext import query_words
 from .schema import events, sessions
@@ -91,7 +91,7 @@ def search_query(postgres: bool, user: bool, app: bool, session: bool) -> Any:
         found = (
             func.unnest(
                 func.ds_search_words(
-                    func.ds_search_text(E.c.content, type_=Text), type_=ARRAY(Text)
+                    func.ds_search_text(cast(E.c.content, JSONB), type_=Text), type_=ARRAY(Text)
                 )
             )
             .table_valued(column("word", Text))

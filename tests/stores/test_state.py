@@ -95,6 +95,38 @@ async def test_any_json_value_round_trips_through_an_event(
     assert_same_json((await manager.get(ORG, session.id)).state["k"], delta_value)
 
 
+def key_orders(value: Any) -> Any:
+    """Every object's keys in order, at any depth (what ``==`` on dicts ignores)."""
+    if isinstance(value, dict):
+        return [(k, key_orders(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [key_orders(v) for v in value]
+    return value
+
+
+async def test_an_event_content_keeps_its_key_order_on_every_read(store: Store) -> None:
+    """Stored as written: an item's keys come back in the order the caller gave them (not
+    sorted, not by length as jsonb orders them), from a single append and from a batch."""
+    contents = [
+        {"type": "message", "role": "assistant", "id": "m1", "a": 1, "content": [
+            {"type": "output_text", "text": "hi", "annotations": [], "logprobs": None}]},
+        {"zz": {"yy": 1, "b": 2, "aaa": 3}, "call_id": "c", "output": "x", "type": "fn"},
+    ]  # fmt: skip
+    manager = Manager(store, app_name=APP)
+    session = await manager.create(ORG, USER)
+    await store.append_event(ORG, session.id, Event("user", content=contents[0]))
+    await store.append_events(ORG, session.id, [Event("user", content=c) for c in contents])
+
+    written = [key_orders(c) for c in [contents[0], *contents]]
+    assert [key_orders(e.content) for e in await store.list_events(ORG, session.id)] == written
+    read = await store.list_event_contents(ORG, session.id)
+    assert [key_orders(c) for c in read] == written
+    with_events = await store.get_with_events(ORG, session.id)
+    assert [key_orders(e.content) for e in with_events.events] == written
+    newest = await store.list_events(ORG, session.id, limit=2)
+    assert [key_orders(e.content) for e in newest] == written[1:]
+
+
 @pytest.mark.parametrize(
     "value",
     [0.0, 1.0, -2.0, 1e16, 1.5e300, 2**63, 2**70, -(2**70), 5e-324],

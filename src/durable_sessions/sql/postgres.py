@@ -340,36 +340,40 @@ class PostgresStatements(PostgresShapes):
     def _pg_append_many(self, scopes: Scopes) -> Any:
         """Postgres: a whole batch append as one statement.
 
-        ``v_batch`` is a JSON array of events (``id``, ``author``, ``invocation_id``,
-        ``content``, ``state_delta``, ``tokens``, ``timestamp`` as ISO text), stored in
-        order with consecutive seqs ending at the session's new ``event_seq``.
+        ``v_batch`` is a JSON array of events (``n``, its place from 1, ``id``, ``author``,
+        ``invocation_id``, ``content``, ``state_delta``, ``tokens``, ``timestamp`` as ISO
+        text), stored in order with consecutive seqs ending at the session's new
+        ``event_seq``.
         """
         moved = self.append_many(merge=True).cte("moved")
+        # One parse of the batch into typed columns; a json column keeps its value's text as
+        # the batch gives it, so a content is stored as written (as a single append stores it).
         batch = (
-            func.jsonb_array_elements(bindparam("v_batch", type_=JSONValue))
-            .table_valued(column("value", JSONB), with_ordinality="n")
-            .render_derived()
+            func.json_to_recordset(bindparam("v_batch", type_=JSONDocument))
+            .table_valued(
+                column("n", BigInteger),
+                column("id", Text),
+                column("author", Text),
+                column("invocation_id", Text),
+                column("content", JSON),
+                column("state_delta", JSONB),
+                column("tokens", BigInteger),
+                column("timestamp", Text),
+            )
+            .render_derived(with_types=True)
         )
-        item = batch.c.value
-
-        def text(name: str) -> Any:
-            return item.op("->>", return_type=Text)(literal(name, Text))
-
-        def json(name: str) -> Any:
-            return item.op("->", return_type=JSONValue)(literal(name, Text))
-
         rows = (
             select(
                 bindparam("k_org"),
                 bindparam("k_id"),
                 moved.c.event_seq - bindparam("v_count", type_=BigInteger) + batch.c.n,
-                text("id"),
-                text("author"),
-                text("invocation_id"),
-                cast(json("content"), JSONDocument),  # a json column (revision 0007)
-                json("state_delta"),
-                cast(text("tokens"), BigInteger),
-                cast(text("timestamp"), UTCDateTime),
+                batch.c.id,
+                batch.c.author,
+                batch.c.invocation_id,
+                batch.c.content,
+                batch.c.state_delta,
+                batch.c.tokens,
+                cast(batch.c.timestamp, UTCDateTime),
             )
             .select_from(moved)
             .join(batch, true())
@@ -538,10 +542,10 @@ class PostgresPrograms(PostgresReads):
         params.update(shared_params(delta))
         params["v_private_delta"] = delta.private_set
         params["v_batch"] = [
-            {"id": e.id, "author": e.author, "invocation_id": e.invocation_id,
+            {"n": n, "id": e.id, "author": e.author, "invocation_id": e.invocation_id,
              "content": e.content, "state_delta": e.state_delta, "tokens": e.tokens,
              "timestamp": e.timestamp.isoformat()}
-            for e in stored
+            for n, e in enumerate(stored, 1)
         ]  # fmt: skip
         return Job(self._append_many(self.q.writing("append_many", delta), params), "atomic")
 

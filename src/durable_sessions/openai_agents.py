@@ -10,8 +10,9 @@ Give the SDK's Runner a ``DurableSession`` where it takes a session::
     result = await Runner.run(agent, "Hello", session=session)
 
 Each SDK item is one event of the durable session, its JSON kept as the event's
-``content`` (read back equal, numbers with their types; Postgres' jsonb does not keep the
-order of an object's keys). The session is created on its first write, titled from its
+``content`` (read back equal, numbers with their types and objects with their keys in the
+order given; on Postgres, items stored before revision 0007 come back with their keys in
+jsonb's order). The session is created on its first write, titled from its
 first user message, with the library's counters (``message_count`` counts items), tenants,
 listing (``Manager.list``), forks, rewinds and retention. Beyond the SDK's protocol:
 ``fork`` (a branch of the conversation), ``rewind`` (keep the first N items),

@@ -51,7 +51,6 @@ from .statements import (
     EVENTS_KEY,
     META,
     NOW,
-    OWNED,
     SESSION_KEY,
     USER_KEY,
     S,
@@ -167,7 +166,6 @@ class PostgresStatements(PostgresShapes):
     def __init__(self, ops: DialectOps, dialect: Dialect) -> None:
         super().__init__(ops, dialect)
         c = self.compile
-        self.pg_delete = c(self._pg_delete())
         self.pg_fork = c(self._pg_fork())
         self.pg_truncate = c(self._pg_truncate())
         self.pg_pop = c(self._pg_truncate(pop=True))
@@ -236,13 +234,6 @@ class PostgresStatements(PostgresShapes):
             self._user_agg(bindparam("org_id"), bindparam("app_name"), bindparam("user_id")),
             self._app_agg(bindparam("org_id"), bindparam("app_name")),
         ).add_cte(*self._shared_writes(created, scopes, deletes=False))
-
-    @staticmethod
-    def _pg_delete() -> Any:
-        """delete: the session row (of the owner asked for), then its transcript, together."""
-        dropped = delete(S).where(SESSION_KEY, OWNED).returning(S.c.id).cte("dropped")
-        gone = delete(events).where(EVENTS_KEY, select(dropped.c.id).exists()).cte("gone")
-        return select(dropped.c.id).add_cte(gone)
 
     def _shared_writes(self, driver: CTE, scopes: Scopes, *, deletes: bool = True) -> list[CTE]:
         """Upserts and deletes of shared keys, done only when ``driver`` returned its row.
@@ -513,13 +504,6 @@ class PostgresPrograms(PostgresReads):
         if done is None:
             yield from self.stale(params)
         return int(done.version)
-
-    def delete(self, key: dict[str, Any]) -> Job[None]:
-        return Job(self._delete(key), "atomic")
-
-    def _delete(self, key: dict[str, Any]) -> Program[None]:
-        if not (yield Query(self.q.pg_delete, key)).rowcount:
-            raise SessionNotFoundError(key["k_org"], key["k_id"])
 
     def append(self, params: dict[str, Any], stored: Event, delta: ScopedDelta) -> Job[int]:
         params.update(shared_params(delta))

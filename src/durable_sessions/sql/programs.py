@@ -432,8 +432,12 @@ class Programs:
 
     def delete(self, key: dict[str, Any]) -> Job[None]:
         """Delete a session and its transcript (``k_org``, ``k_id``; of the app ``k_app``
-        and the user ``k_user`` only, where those are not None)."""
-        raise NotImplementedError
+        and the user ``k_user`` only, where those are not None): one statement."""
+        return Job(self._delete(key), "atomic")
+
+    def _delete(self, key: dict[str, Any]) -> Program[None]:
+        if not (yield Query(self.q.delete_session, key)).rowcount:
+            raise SessionNotFoundError(key["k_org"], key["k_id"])
 
     def append(self, params: dict[str, Any], stored: Event, delta: ScopedDelta) -> Job[int]:
         """Append one event and apply its delta; return its seq."""

@@ -131,6 +131,10 @@ class Statements:
         c = self.compile
 
         self.get = c(select(*META, *self.state_columns()).where(SESSION_KEY))
+        # delete: the session row, of the owner asked for; its events go with it (ON DELETE
+        # CASCADE, since the first revision; the store turns SQLite's foreign_keys on for
+        # every connection), so one statement, atomic by itself, on every dialect.
+        self.delete_session = c(delete(S).where(SESSION_KEY, OWNED))
         self.shared = c(
             select(
                 self._user_agg(bindparam("k_org"), bindparam("k_app"), bindparam("k_user")),

@@ -37,7 +37,6 @@ from .statements import (
     EVENT_COLUMNS,
     EVENTS_KEY,
     META,
-    OWNED,
     SESSION_KEY,
     USER_KEY,
     S,
@@ -87,7 +86,6 @@ class StepwiseStatements(Statements):
         # v_private_state, merged in Python under SQLite's write lock.
         self.append_private = c(self._append(merge=True).returning(*self._append_returning()))
         self.insert_event = c(insert(events).values(bound_row(events)))
-        self.delete_session = c(delete(S).where(SESSION_KEY, OWNED))
         # fork: the parent, locked (Postgres) so that no append lands while its transcript
         # is copied; SQLite's write lock, taken up front, does the same.
         self.parent = c(self.locked(select(*META, S.c.state, S.c.event_seq).where(SESSION_KEY)))
@@ -201,16 +199,6 @@ class StepwisePrograms(Programs):
             params["k_org"], done.app_name, done.user_id, delta, params["v_now"]
         )
         return int(done.version)
-
-    def delete(self, key: dict[str, Any]) -> Job[None]:
-        # One statement: the events go with the session row (ON DELETE CASCADE, since the
-        # first revision; the store turns SQLite's foreign_keys on for every connection),
-        # atomic by itself.
-        return Job(self._delete(key), "atomic" if self.row_locks else "write")
-
-    def _delete(self, key: dict[str, Any]) -> Program[None]:
-        if not (yield Query(self.q.delete_session, key)).rowcount:
-            raise SessionNotFoundError(key["k_org"], key["k_id"])
 
     def _private_merge(self, params: dict[str, Any], delta: ScopedDelta) -> Program[None]:
         """Pass an append's private delta: merged in the UPDATE where the dialect can

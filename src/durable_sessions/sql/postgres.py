@@ -337,20 +337,12 @@ class PostgresStatements(PostgresShapes):
         ``event_seq``.
         """
         moved = self.append_many(merge=True).cte("moved")
-        # One parse of the batch into typed columns; a json column keeps its value's text as
-        # the batch gives it, so a content is stored as written (as a single append stores it).
+        # One parse of the batch into the columns' own types; a json column keeps its value's
+        # text as the batch gives it, so a content is stored as written (as a single append).
+        carried = [col for col in EVENT_COLUMNS if col.name != "seq"]  # seq: from n
         batch = (
             func.json_to_recordset(bindparam("v_batch", type_=JSONDocument))
-            .table_valued(
-                column("n", BigInteger),
-                column("id", Text),
-                column("author", Text),
-                column("invocation_id", Text),
-                column("content", JSON),
-                column("state_delta", JSONB),
-                column("tokens", BigInteger),
-                column("timestamp", Text),
-            )
+            .table_valued(column("n", BigInteger), *[column(c.name, c.type) for c in carried])
             .render_derived(with_types=True)
         )
         rows = (
@@ -358,13 +350,7 @@ class PostgresStatements(PostgresShapes):
                 bindparam("k_org"),
                 bindparam("k_id"),
                 moved.c.event_seq - bindparam("v_count", type_=BigInteger) + batch.c.n,
-                batch.c.id,
-                batch.c.author,
-                batch.c.invocation_id,
-                batch.c.content,
-                batch.c.state_delta,
-                batch.c.tokens,
-                cast(batch.c.timestamp, UTCDateTime),
+                *[batch.c[col.name] for col in carried],
             )
             .select_from(moved)
             .join(batch, true())

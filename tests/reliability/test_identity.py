@@ -118,7 +118,7 @@ async def test_a_deleted_sessions_transcript_goes_with_it(store: Store, backend:
     manager = Manager(store)
     session = await manager.create("org", "u", id="gone")
     for n in range(3):
-        await manager.append_event(session, Event("u", {"text": f"old {n}"}))
+        await manager.append_event(session, Event("u", {"text": f"old words {n}"}))
     kept = await manager.fork("org", "gone", with_events=True)
     await manager.delete("org", "gone")
     if backend != "memory":
@@ -127,6 +127,16 @@ async def test_a_deleted_sessions_transcript_goes_with_it(store: Store, backend:
                 text("SELECT count(*) FROM ds_events WHERE org_id = 'org' AND session_id = 'gone'")
             )
             assert left.scalar_one() == 0
+            if backend == "sqlite":  # nor any entry of the search index (its triggers ran)
+                indexed = await conn.execute(
+                    text("SELECT count(*) FROM ds_events_fts_rowid WHERE session_id = 'gone'")
+                )
+                assert indexed.scalar_one() == 0
+                await conn.execute(
+                    text("INSERT INTO ds_events_fts (ds_events_fts) VALUES ('integrity-check')")
+                )
+    # Searched, its events are gone too; the fork's copies are still found.
+    assert {hit.session_id for hit in await store.search("org", "old words")} == {kept.id}
     again = await manager.create("org", "u", id="gone")
     assert await store.list_events("org", "gone") == []
     stored = await manager.append_event(again, Event("u", {"text": "new"}))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import weakref
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -223,30 +224,97 @@ class Runner:
         await self._checkin(fairy)
 
 
-_WRITE_LOCKS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, asyncio.Lock]] = (
+class _Writers:
+    """This process's writers to one SQLite engine, in one event loop: the lock that queues
+    them (first come, first served) and the writes waiting to be taken into a transaction."""
+
+    __slots__ = ("lock", "pending")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.pending: deque[_Job] = deque()
+
+    def take(self) -> list[_Job]:
+        """The waiting writes, oldest first, at most ``_GROUP_MAX`` of them."""
+        batch: list[_Job] = []
+        while self.pending and len(batch) < _GROUP_MAX:
+            job = self.pending.popleft()
+            job.taken = True
+            batch.append(job)
+        return batch
+
+    def put_back(self, jobs: list[_Job]) -> None:
+        """Return writes the worker thread never started, at the front, in their order."""
+        for job in reversed(jobs):
+            job.taken = False
+            self.pending.appendleft(job)
+
+
+_GROUP_MAX = 32
+"""The most writes committed together: a bound on how long one transaction holds SQLite's
+write lock, which writers in other processes wait for."""
+
+_WRITERS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, _Writers]] = (
     weakref.WeakKeyDictionary()
 )
 
 
+def _writers(engine: AsyncEngine) -> _Writers:
+    """This process's writers to one SQLite engine, per event loop."""
+    per_loop = _WRITERS.get(engine.sync_engine)
+    if per_loop is None:
+        per_loop = _WRITERS[engine.sync_engine] = weakref.WeakKeyDictionary()
+    loop = asyncio.get_running_loop()
+    writers = per_loop.get(loop)
+    if writers is None:
+        writers = per_loop[loop] = _Writers()
+    return writers
+
+
 def _write_lock(engine: AsyncEngine) -> asyncio.Lock:
     """The lock that queues this process's writers to one SQLite engine, per event loop."""
-    per_loop = _WRITE_LOCKS.setdefault(engine.sync_engine, weakref.WeakKeyDictionary())
-    loop = asyncio.get_running_loop()
-    lock = per_loop.get(loop)
-    if lock is None:
-        lock = per_loop[loop] = asyncio.Lock()
-    return lock
+    return _writers(engine).lock
 
 
 class _Hop:
-    """One program's trip to aiosqlite's worker thread, as both sides see it."""
+    """One trip to aiosqlite's worker thread, as both sides see it."""
 
-    __slots__ = ("abandoned", "clean", "done")
+    __slots__ = ("clean", "done")
 
     def __init__(self) -> None:
-        self.abandoned = False  # set by the event loop: the caller is gone, commit nothing
         self.done = False  # set by the thread: it has finished with the connection
         self.clean = False  # set by the thread: and left it outside any transaction
+
+
+class _Job:
+    """One write program, from its caller to the worker thread and back.
+
+    The event loop sets ``taken`` (it is in a group) and ``abandoned`` (its caller is gone:
+    commit nothing of it); the thread sets ``started`` and then the outcome, ``value`` (a
+    one-item box) or ``error``.
+    """
+
+    __slots__ = ("abandoned", "error", "program", "started", "taken", "value")
+
+    def __init__(self, program: Program[Any]) -> None:
+        self.program = program
+        self.taken = False
+        self.abandoned = False
+        self.started = False
+        self.value: list[Any] = []
+        self.error: BaseException | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the thread has given this write its outcome."""
+        return bool(self.value) or self.error is not None
+
+    def outcome(self) -> Any:
+        """The program's value, or its error raised."""
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return self.value.pop()
 
 
 class _Abandoned(Exception):
@@ -261,54 +329,97 @@ class SQLiteRunner(Runner):
     SQLite's busy handler, whose sleeps would stretch their latency; writers in other
     processes still wait on the busy timeout.
 
+    Writes that arrive while another is in flight are committed together (group commit):
+    the next writer to get the lock takes every write waiting then (up to ``_GROUP_MAX``),
+    and the worker thread runs them in their order, each inside a savepoint, in one
+    ``BEGIN IMMEDIATE`` ... ``COMMIT``: one hop, one checkout and one commit (the fsync)
+    for the group. A write that fails is rolled back to its savepoint alone; the others
+    still commit. Each caller gets its own outcome only once the group has committed; if
+    the COMMIT fails, every write of the group fails with it and none is kept.
+
     A cancelled caller does not stop the worker thread: the connection (and the lock) are
     held until the thread has finished with it. The thread checks between statements and
-    before COMMIT whether the caller is gone, and then rolls back instead.
+    before it releases a write's savepoint (or, for a write alone, before COMMIT) whether
+    the write's caller is gone, and then rolls that write back instead.
     """
 
     async def run(self, program: Program[T], mode: Mode, operation: str) -> T:
         if mode == "read":
-            return await self._run(program, mode, operation)
-        async with _write_lock(self.engine):
-            return await self._run(program, mode, operation)
-
-    async def _run(self, program: Program[T], mode: Mode, operation: str) -> T:
+            return await self._run_read(program, operation)
+        writers = _writers(self.engine)
         if self._watched():
-            return await self._run_watched(program, mode, operation)
+            async with writers.lock:
+                return await self._run_watched(program, mode, operation)
+        job = _Job(program)
+        writers.pending.append(job)
         with translated(operation):
-            fairy = await self._checkout()
-            driver: Any = fairy.driver_connection
-            hop = _Hop()
             try:
-                # The value comes in a box, emptied here: aiosqlite's worker thread keeps what
-                # it last returned (and the future holding it) until its next call, which
-                # would keep a read's rows alive, and move them to the collector's oldest
-                # generation, for as long as the connection stays idle.
-                box: list[T] = await aiosqlite_execute(
-                    driver,
-                    _drive_sqlite,
-                    aiosqlite_connection(driver),
-                    program,
-                    mode != "read",
-                    hop,
-                )
-                result = box.pop()
-            except BaseException as exc:
-                hop.abandoned = True
-                if hop.done and hop.clean:  # the thread finished, outside any transaction
-                    await self._checkin(fairy)
-                elif hop.done or isinstance(exc, Exception):
-                    # It left a transaction it could not end, or the program never reached
-                    # the thread (a closed connection): terminate the connection.
-                    await _to_the_end(self._recover(fairy, exc, None))
-                else:  # cancelled while the thread may still run the program: wait for it
-                    await _to_the_end(self._recover(fairy, exc, _sqlite_restore))
+                async with writers.lock:
+                    while not job.taken:  # no one has taken it into their group: lead one
+                        await self._run_group(writers, job)
+            except BaseException:
+                if not job.taken:
+                    writers.pending.remove(job)
+                elif not job.finished:
+                    job.abandoned = True
                 raise
-            if not hop.clean:  # pragma: no cover - _drive_sqlite always ends its transaction
-                await _to_the_end(self._recover(fairy, None, _sqlite_restore))
-            else:
+            value: T = job.outcome()
+            return value
+
+    async def _run_read(self, program: Program[T], operation: str) -> T:
+        if self._watched():
+            return await self._run_watched(program, "read", operation)
+        with translated(operation):
+            job = _Job(program)
+            await self._run_hop(_drive_read, [job], job)
+            value: T = job.outcome()
+            return value
+
+    async def _run_group(self, writers: _Writers, leader: _Job) -> None:
+        """Commit the waiting writes (``leader``'s among them) in one transaction."""
+        await self._run_hop(_drive_group, writers, leader)
+
+    async def _run_hop(self, drive: Callable[..., None], jobs: Any, own: _Job) -> None:
+        """Run ``drive`` on a pooled connection in the worker thread, for ``jobs`` (a list,
+        or the ``_Writers`` whose waiting writes are taken once the connection is out).
+
+        The group's writes the thread never started (the transaction was lost under an
+        earlier one, or the group never reached the thread) go back to the queue, for their
+        callers to commit in a group of their own. On any failure ``own`` (the caller's
+        job) is abandoned, the connection is restored or terminated, and the exception
+        raised once the thread has finished; writes it left without an outcome get it.
+        """
+        fairy = await self._checkout()
+        driver: Any = fairy.driver_connection
+        batch: list[_Job] = jobs.take() if isinstance(jobs, _Writers) else jobs
+        hop = _Hop()
+        try:
+            await aiosqlite_execute(driver, drive, aiosqlite_connection(driver), batch, hop)
+        except BaseException as exc:
+            own.abandoned = True
+            if hop.done and hop.clean:  # the thread finished, outside any transaction
                 await self._checkin(fairy)
-            return result
+            elif hop.done or isinstance(exc, Exception):
+                # It left a transaction it could not end, or the group never reached the
+                # thread (a closed connection): terminate the connection.
+                await _to_the_end(self._recover(fairy, exc, None))
+            else:  # cancelled while the thread may still run the group: wait for it
+                await _to_the_end(self._recover(fairy, exc, _sqlite_restore))
+            self._requeue(jobs, batch)
+            for job in batch:
+                if job.started and not job.finished:
+                    job.error = exc if isinstance(exc, Exception) else _Abandoned()
+            raise
+        if not hop.clean:  # pragma: no cover - the thread always ends its transaction
+            await _to_the_end(self._recover(fairy, None, _sqlite_restore))
+        else:
+            await self._checkin(fairy)
+        self._requeue(jobs, batch)
+
+    @staticmethod
+    def _requeue(jobs: Any, batch: list[_Job]) -> None:
+        if isinstance(jobs, _Writers):
+            jobs.put_back([j for j in batch if not (j.started or j.finished or j.abandoned)])
 
 
 async def _sqlite_restore(driver: Any) -> bool:
@@ -324,43 +435,99 @@ def _end_transaction(db: sqlite3.Connection) -> bool:
     return not db.in_transaction
 
 
-def _drive_sqlite(db: sqlite3.Connection, program: Program[T], write: bool, hop: _Hop) -> list[T]:
+def _drive_program(db: sqlite3.Connection, job: _Job) -> Any:
+    """Run one program's statements and return its value (in the worker thread)."""
+    program = job.program
+    job.started = True
     try:
-        if write:
-            # Take the write lock up front: writers in other processes queue on busy_timeout
-            # instead of failing with "database is locked" when a read lock cannot be upgraded.
-            db.execute("BEGIN IMMEDIATE")
-        try:
-            query = program.send(None)  # type: ignore[arg-type]
-            while True:
-                if hop.abandoned:
-                    raise _Abandoned
-                stmt = query.stmt
-                if query.many:
-                    params: Any = [stmt.bind(p) for p in query.params]
-                    cursor = db.executemany(stmt.sql, params)
-                    result = Result([], cursor.rowcount)
-                else:
-                    params = stmt.bind(query.params)
-                    cursor = db.execute(stmt.sql, params)
-                    rows = cursor.fetchall() if stmt.returns_rows else []
-                    result = Result(stmt.decode(rows), cursor.rowcount)
-                query = program.send(result)
-        except StopIteration as stop:
-            value: T = stop.value
-        if hop.abandoned:
-            raise _Abandoned
-        if write:
-            db.commit()
-        return [value]
+        query = program.send(None)  # type: ignore[arg-type]
+        while True:
+            if job.abandoned:
+                raise _Abandoned
+            stmt = query.stmt
+            if query.many:
+                params: Any = [stmt.bind(p) for p in query.params]
+                cursor = db.executemany(stmt.sql, params)
+                result = Result([], cursor.rowcount)
+            else:
+                params = stmt.bind(query.params)
+                cursor = db.execute(stmt.sql, params)
+                rows = cursor.fetchall() if stmt.returns_rows else []
+                result = Result(stmt.decode(rows), cursor.rowcount)
+            query = program.send(result)
+    except StopIteration as stop:
+        if job.abandoned:
+            raise _Abandoned from None
+        return stop.value
+
+
+def _drive_read(db: sqlite3.Connection, jobs: list[_Job], hop: _Hop) -> None:
+    """Run a read program outside any transaction (in the worker thread)."""
+    (job,) = jobs
+    try:
+        job.value.append(_drive_program(db, job))
+    except Exception as exc:
+        job.error = exc
     finally:
-        # Whatever happened (an error, a failed COMMIT, an abandoned program), the
-        # connection leaves this thread outside any transaction, or says it could not.
-        try:
-            hop.clean = _end_transaction(db)
-        except sqlite3.Error:
-            hop.clean = False
-        hop.done = True
+        _left(db, hop)
+
+
+def _drive_group(db: sqlite3.Connection, jobs: list[_Job], hop: _Hop) -> None:
+    """Run write programs in one transaction and set each one's outcome (in the worker
+    thread). A program alone runs in the transaction itself; in a group each runs inside a
+    savepoint, so that one failing is rolled back alone. Values are given out only once
+    COMMIT has returned. When the transaction cannot begin (another process held the
+    write lock past the busy timeout), every write gets that error. When it is lost under a
+    write (SQLite rolls the whole transaction back on some errors, e.g. a full disk), the
+    writes run in it get that error, and those not started yet are left without an
+    outcome, for the event loop to queue again.
+    """
+    alone = len(jobs) == 1
+    done: list[tuple[_Job, Any]] = []
+    began = False
+    try:
+        # Take the write lock up front: writers in other processes queue on busy_timeout
+        # instead of failing with "database is locked" when a read lock cannot be upgraded.
+        db.execute("BEGIN IMMEDIATE")
+        began = True
+        for job in jobs:
+            if job.abandoned:
+                continue
+            if not alone:
+                db.execute("SAVEPOINT ds_write")
+            try:
+                value = _drive_program(db, job)
+            except Exception as exc:
+                if alone or not db.in_transaction:
+                    raise
+                db.execute("ROLLBACK TO ds_write")
+                db.execute("RELEASE ds_write")
+                job.error = exc
+                continue
+            if not alone:
+                db.execute("RELEASE ds_write")
+            done.append((job, value))
+        db.commit()
+        for job, value in done:  # before the event loop can see hop.done
+            job.value.append(value)
+    except Exception as exc:
+        # Nothing of the transaction is kept: every write run in it fails with this error,
+        # and every write of the group when the transaction could not begin.
+        for job in jobs:
+            if (job.started or not began) and not job.finished:
+                job.error = exc
+    finally:
+        _left(db, hop)
+
+
+def _left(db: sqlite3.Connection, hop: _Hop) -> None:
+    """Whatever happened (an error, a failed COMMIT, an abandoned program), the connection
+    leaves the thread outside any transaction, or says it could not."""
+    try:
+        hop.clean = _end_transaction(db)
+    except sqlite3.Error:
+        hop.clean = False
+    hop.done = True
 
 
 class PostgresRunner(Runner):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -170,6 +170,21 @@ async def _sqlite_store(url: str, **options: Any) -> SQLStore:
     return store
 
 
+async def queued_together(store: SQLStore, writes: list[Coroutine[Any, Any, Any]]) -> list[Any]:
+    """Start ``writes`` while this process's write lock is held, so that each queues before
+    any runs and they are then taken as one group (whatever the pool does at checkout in
+    this SQLAlchemy version); return their outcomes, errors included."""
+    writers = runner._writers(store.engine)
+    async with writers.lock:
+        tasks = [asyncio.ensure_future(write) for write in writes]
+        for _ in range(1000):
+            if len(writers.pending) == len(tasks):
+                break
+            await asyncio.sleep(0)
+        assert len(writers.pending) == len(tasks), "the writes did not all queue"
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class _FailingCommit:
     """A sqlite3 connection whose COMMIT fails (as on an I/O error): the transaction is
     left open, for the runner to roll back."""
@@ -199,27 +214,24 @@ async def test_sqlite_a_failed_commit_fails_every_write_of_its_group(
 
         def failing(db: Any, jobs: list[Any], hop: Any) -> None:
             sizes.append(len(jobs))
-            original(_FailingCommit(db) if len(jobs) > 1 else db, jobs, hop)  # type: ignore[arg-type]
+            original(_FailingCommit(db), jobs, hop)  # type: ignore[arg-type]
 
         with monkeypatch.context() as patch:
             patch.setattr(runner, "_drive_group", failing)
-            results = await asyncio.gather(
-                *(store.append_event(ORG, sid, event(f"{sid}-e", k=1)) for sid in ids),
-                return_exceptions=True,
-            )
-        assert sizes == [1, 7], sizes  # the first alone, then the seven that queued behind it
-        assert results[0].seq == 1
-        for result in results[1:]:
+            writes = [store.append_event(ORG, sid, event(f"{sid}-e", k=1)) for sid in ids]
+            results = await queued_together(store, writes)
+        assert sizes == [8], sizes
+        for result in results:
             assert isinstance(result, StoreError), result
             assert "disk I/O error" in str(result)
-        for sid in ids[1:]:
+        for sid in ids:
             session = await store.get(ORG, sid)
             assert await stored_events(store, sid) == []
             assert (session.message_count, session.token_total, session.state) == (0, 0, {})
         results = await asyncio.gather(
             *(store.append_event(ORG, sid, event(f"{sid}-again")) for sid in ids)
         )
-        assert [e.seq for e in results] == [2, *([1] * 7)]
+        assert [e.seq for e in results] == [1] * 8
     finally:
         await store.engine.dispose()
 
@@ -266,14 +278,12 @@ async def test_sqlite_a_write_failing_midway_is_rolled_back_alone(
 
         with monkeypatch.context() as patch:
             patch.setattr(runner, "_drive_group", failing)
-            results = await asyncio.gather(
-                *(
-                    store.append_event(ORG, sid, event(f"{sid}-e", k=1, **{"user:u": sid}))
-                    for sid in ids
-                ),
-                return_exceptions=True,
-            )
-        assert sizes == [1, 5], sizes
+            writes = [
+                store.append_event(ORG, sid, event(f"{sid}-e", k=1, **{"user:u": sid}))
+                for sid in ids
+            ]
+            results = await queued_together(store, writes)
+        assert sizes == [6], sizes
         assert isinstance(results[3], StoreError), results[3]
         for n, sid in enumerate(ids):
             session = await store.get(ORG, sid)
@@ -295,8 +305,8 @@ async def test_sqlite_a_write_failing_midway_is_rolled_back_alone(
 async def test_sqlite_a_transaction_lost_under_one_write(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SQLite rolls a group's transaction back under its fourth write: that write and the
-    three before it (run in the lost transaction) raise StoreError and are absent; the
+    """SQLite rolls a group's transaction back under its fifth write: that write and the
+    four before it (run in the lost transaction) raise StoreError and are absent; the
     four after it were not run yet, and are run and stored in a transaction of their own."""
     store = await _sqlite_store(sqlite_url)
     try:
@@ -312,20 +322,17 @@ async def test_sqlite_a_transaction_lost_under_one_write(
 
         with monkeypatch.context() as patch:
             patch.setattr(runner, "_drive_group", losing)
-            results = await asyncio.gather(
-                *(store.append_event(ORG, sid, event(f"{sid}-e", k=1)) for sid in ids),
-                return_exceptions=True,
-            )
-        assert sizes == [1, 8, 4], sizes
-        assert results[0].seq == 1
-        for result in results[1:5]:
+            writes = [store.append_event(ORG, sid, event(f"{sid}-e", k=1)) for sid in ids]
+            results = await queued_together(store, writes)
+        assert sizes == [9, 4], sizes  # s5-s8 were not run in the lost transaction
+        for result in results[:5]:
             assert isinstance(result, StoreError), result
             assert "disk is full" in str(result)
         assert [e.seq for e in results[5:]] == [1, 1, 1, 1]
         for n, sid in enumerate(ids):
             session = await store.get(ORG, sid)
             stored = await stored_events(store, sid)
-            assert stored == ([] if 1 <= n <= 4 else [f"{sid}-e"]), (sid, stored)
+            assert stored == ([] if n <= 4 else [f"{sid}-e"]), (sid, stored)
             assert session.message_count == len(stored)
     finally:
         await store.engine.dispose()

@@ -46,14 +46,17 @@ def event(event_id: str, **delta: Any) -> Event:
 
 
 @contextmanager
-def group_sizes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Record how many writes each SQLite write transaction carried."""
+def group_sizes(
+    monkeypatch: pytest.MonkeyPatch, wrap: Callable[[Any], Any] = lambda db: db
+) -> Iterator[list[int]]:
+    """Record how many writes each SQLite write transaction carried; the worker thread
+    sees the sqlite3 connection through ``wrap`` (an injected fault)."""
     sizes: list[int] = []
     original = runner._drive_group
 
     def counting(db: Any, jobs: list[Any], hop: Any) -> None:
         sizes.append(len(jobs))
-        original(db, jobs, hop)
+        original(wrap(db), jobs, hop)
 
     with monkeypatch.context() as patch:
         patch.setattr(runner, "_drive_group", counting)
@@ -209,15 +212,7 @@ async def test_sqlite_a_failed_commit_fails_every_write_of_its_group(
         ids = [f"s{i}" for i in range(8)]
         for sid in ids:
             await store.create(new_session(sid))
-        original = runner._drive_group
-        sizes: list[int] = []
-
-        def failing(db: Any, jobs: list[Any], hop: Any) -> None:
-            sizes.append(len(jobs))
-            original(_FailingCommit(db), jobs, hop)  # type: ignore[arg-type]
-
-        with monkeypatch.context() as patch:
-            patch.setattr(runner, "_drive_group", failing)
+        with group_sizes(monkeypatch, _FailingCommit) as sizes:
             writes = [store.append_event(ORG, sid, event(f"{sid}-e", k=1)) for sid in ids]
             results = await queued_together(store, writes)
         assert sizes == [8], sizes
@@ -269,15 +264,9 @@ async def test_sqlite_a_write_failing_midway_is_rolled_back_alone(
         ids = [f"s{i}" for i in range(6)]
         for sid in ids:
             await store.create(new_session(sid))
-        original = runner._drive_group
-        sizes: list[int] = []
-
-        def failing(db: Any, jobs: list[Any], hop: Any) -> None:
-            sizes.append(len(jobs))
-            original(_FailsOn(db, "s3-e", loses_transaction=False), jobs, hop)  # type: ignore[arg-type]
-
-        with monkeypatch.context() as patch:
-            patch.setattr(runner, "_drive_group", failing)
+        with group_sizes(
+            monkeypatch, lambda db: _FailsOn(db, "s3-e", loses_transaction=False)
+        ) as sizes:
             writes = [
                 store.append_event(ORG, sid, event(f"{sid}-e", k=1, **{"user:u": sid}))
                 for sid in ids
@@ -313,15 +302,9 @@ async def test_sqlite_a_transaction_lost_under_one_write(
         ids = [f"s{i}" for i in range(9)]
         for sid in ids:
             await store.create(new_session(sid))
-        original = runner._drive_group
-        sizes: list[int] = []
-
-        def losing(db: Any, jobs: list[Any], hop: Any) -> None:
-            sizes.append(len(jobs))
-            original(_FailsOn(db, "s4-e", loses_transaction=True), jobs, hop)  # type: ignore[arg-type]
-
-        with monkeypatch.context() as patch:
-            patch.setattr(runner, "_drive_group", losing)
+        with group_sizes(
+            monkeypatch, lambda db: _FailsOn(db, "s4-e", loses_transaction=True)
+        ) as sizes:
             writes = [store.append_event(ORG, sid, event(f"{sid}-e", k=1)) for sid in ids]
             results = await queued_together(store, writes)
         assert sizes == [9, 4], sizes  # s5-s8 were not run in the lost transaction

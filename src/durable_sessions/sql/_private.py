@@ -20,8 +20,8 @@ from typing import Any
 
 import sqlalchemy
 from sqlalchemy.engine import Engine
-from sqlalchemy.pool import Pool
-from sqlalchemy.pool.base import _ConnectionFairy
+from sqlalchemy.pool import Pool, QueuePool, SingletonThreadPool, StaticPool
+from sqlalchemy.pool.base import _ConnectionFairy, reset_none, reset_rollback
 from sqlalchemy.sql.dml import UpdateBase
 
 __all__ = [
@@ -30,9 +30,11 @@ __all__ = [
     "aiosqlite_execute",
     "check",
     "checkin_reset",
+    "checkin_without_io",
     "engine_has_events",
     "greenlet_spawn",
     "invalidate_pool",
+    "may_close_on_return",
     "returning_columns",
 ]
 
@@ -107,6 +109,43 @@ def checkin_reset(fairy: Any) -> None:
     (``_ConnectionFairy._close_special(transaction_reset=True)``): the pool's reset events
     still fire, but the rollback is skipped."""
     fairy._close_special(True)
+
+
+_NO_IO_RESETS = (reset_rollback, reset_none)
+"""Reset-on-return styles that do nothing on a connection whose transaction is reset."""
+
+
+def checkin_without_io(pool: Pool, fairy: Any) -> bool:
+    """Whether ``checkin_reset(fairy)`` cannot reach the driver, so that it may run outside
+    a greenlet: no pool ``reset`` or ``checkin`` listener, a reset-on-return of rollback
+    (skipped: the transaction is already reset) or none, no finalizer left on the connection
+    record (``_ConnectionRecord.finalize_callback``), and a pool that will not close the
+    connection on return (``may_close_on_return``). Fail-closed: whatever it cannot read
+    (a private name gone in another SQLAlchemy version) answers False, and the caller
+    checks in through a greenlet, as always correct."""
+    dispatch = pool.dispatch
+    if dispatch.reset or dispatch.checkin:
+        return False
+    if getattr(pool, "_reset_on_return", None) not in _NO_IO_RESETS:
+        return False
+    record = getattr(fairy, "_connection_record", None)
+    if record is None or getattr(record, "finalize_callback", True):
+        return False
+    return not may_close_on_return(pool)
+
+
+def may_close_on_return(pool: Pool) -> bool:
+    """Whether checking a connection in to ``pool`` may close one, which awaits the driver.
+
+    A queue pool closes a returned connection only when its queue is already full (an
+    overflow connection); other pools (null, static) may close on any return.
+    """
+    if isinstance(pool, (StaticPool, SingletonThreadPool)):
+        return False
+    if isinstance(pool, QueuePool):
+        size = pool.size()
+        return size > 0 and pool.checkedin() >= size
+    return True
 
 
 def engine_has_events(engine: Engine) -> bool:

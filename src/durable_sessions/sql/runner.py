@@ -20,15 +20,16 @@ from typing import Any, Literal, TypeVar
 
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.pool import QueuePool, SingletonThreadPool, StaticPool
 
 from ._private import (
     aiosqlite_connection,
     aiosqlite_execute,
     checkin_reset,
+    checkin_without_io,
     engine_has_events,
     greenlet_spawn,
     invalidate_pool,
+    may_close_on_return,
 )
 from .compiled import Compiled
 from .translate import is_disconnect, translated
@@ -123,20 +124,6 @@ async def _deliver_swallowed_cancel(
         raise
 
 
-def _may_close_on_return(pool: Any) -> bool:
-    """Whether checking a connection in to ``pool`` may close one, which awaits the driver.
-
-    A queue pool closes a returned connection only when its queue is already full (an
-    overflow connection); other pools (null, static) may close on any return.
-    """
-    if isinstance(pool, (StaticPool, SingletonThreadPool)):
-        return False
-    if isinstance(pool, QueuePool):
-        size = pool.size()
-        return size > 0 and pool.checkedin() >= size
-    return True
-
-
 class Runner:
     """Drives programs on one engine; subclasses know the driver.
 
@@ -192,7 +179,10 @@ class Runner:
         # The pool's reset still runs (its reset events too), but its rollback is skipped:
         # the runner has checked there is nothing to roll back, and on SQLite that rollback
         # would cost a second thread hop per operation.
-        if _may_close_on_return(self.engine.sync_engine.pool):
+        pool = self.engine.sync_engine.pool
+        if checkin_without_io(pool, fairy):
+            checkin_reset(fairy)  # nothing in it reaches the driver: no greenlet needed
+        elif may_close_on_return(pool):
             await _to_the_end(greenlet_spawn(checkin_reset, fairy))
         else:  # no await inside: nothing can interrupt it
             await greenlet_spawn(checkin_reset, fairy)
@@ -461,10 +451,22 @@ def _drive_program(db: sqlite3.Connection, job: _Job) -> Any:
         return stop.value
 
 
+def _commit_left_open(db: sqlite3.Connection) -> None:
+    """Commit a transaction the connection came out of the pool with (in the worker thread).
+
+    The runner leaves none, but a pool listener that writes through the DBAPI connection
+    does (``sqlite3`` begins one before a data change, and nothing ends it). It is committed,
+    as SQLAlchemy's own ``Connection`` would commit it with its first transaction, so the
+    listener's work is kept and the operation starts outside any transaction."""
+    if db.in_transaction:
+        db.commit()
+
+
 def _drive_read(db: sqlite3.Connection, jobs: list[_Job], hop: _Hop) -> None:
     """Run a read program outside any transaction (in the worker thread)."""
     (job,) = jobs
     try:
+        _commit_left_open(db)
         job.value.append(_drive_program(db, job))
     except Exception as exc:
         job.error = exc
@@ -486,6 +488,7 @@ def _drive_group(db: sqlite3.Connection, jobs: list[_Job], hop: _Hop) -> None:
     done: list[tuple[_Job, Any]] = []
     began = False
     try:
+        _commit_left_open(db)
         # Take the write lock up front: writers in other processes queue on busy_timeout
         # instead of failing with "database is locked" when a read lock cannot be upgraded.
         db.execute("BEGIN IMMEDIATE")
@@ -546,6 +549,10 @@ class PostgresRunner(Runner):
             driver: Any = fairy.driver_connection
             began = False
             try:
+                if driver.is_in_transaction():
+                    began = True  # a failure from here rolls it back
+                    await _pg_commit_left_open(fairy)
+                    began = False
                 if mode == "write":
                     began = True
                     await driver.execute("BEGIN")
@@ -612,6 +619,24 @@ class PostgresRunner(Runner):
                 query = program.send(result)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
+
+
+async def _pg_commit_left_open(fairy: Any) -> None:
+    """Commit the transaction that a pooled connection came out of the pool with.
+
+    The runner leaves no transaction open, but a pool listener (``checkout``, ``reset``,
+    ``checkin``) that runs a statement through the DBAPI connection does: SQLAlchemy's
+    asyncpg adapter begins a transaction for it, and nothing ends it. SQLAlchemy's own
+    ``Connection`` would carry on inside it and commit it with its first transaction; here it
+    is committed first (through the adapter, whose bookkeeping then agrees), so the listener's
+    work and settings are kept, and the operation runs outside any transaction as on any
+    other connection: without this, a single-statement write would run inside it and be
+    rolled back on return, lost.
+    """
+    await greenlet_spawn(fairy.dbapi_connection.commit)
+    driver = fairy.driver_connection
+    if driver.is_in_transaction():  # begun on the driver itself, not through the adapter
+        await driver.execute("COMMIT")
 
 
 async def _pg_settle(driver: Any) -> bool:

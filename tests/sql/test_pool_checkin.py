@@ -1,0 +1,204 @@
+"""Returning connections to the pool: what the pool is configured to do on check-in runs,
+whatever it is, and a default pool takes its connections back without a greenlet.
+
+The runner checks a connection in directly when nothing in the check-in can reach the
+driver, and through a greenlet otherwise (pool listeners, commit-on-return, an overflow
+connection that the pool closes). A listener or reset that talks to the database outside a
+greenlet would fail (SQLAlchemy's MissingGreenlet), and the pool would throw the connection
+away: these tests see that as a new connection being opened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from durable_sessions import Event, Session, SessionNotFoundError, SQLStore
+from durable_sessions.sql import runner
+from support.sql import SQL_BACKENDS
+
+pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
+
+
+@pytest.fixture
+async def make_engine(backend: str, backend_url: str) -> AsyncIterator[Callable[..., Any]]:
+    """Engines on the backend's migrated database, built with the pool options given, each
+    with the list of the connections its pool opens."""
+    made: list[AsyncEngine] = []
+
+    async def make(**options: Any) -> tuple[AsyncEngine, list[object]]:
+        engine = create_async_engine(backend_url, **options)
+        made.append(engine)
+        opened = count_connects(engine)
+        if backend == "sqlite" and len(made) == 1:
+            await SQLStore(engine).migrate()
+        return engine, opened
+
+    yield make
+    for engine in made:
+        await engine.dispose()
+
+
+def count_connects(engine: AsyncEngine) -> list[object]:
+    """Every new DBAPI connection the engine's pool opens."""
+    opened: list[object] = []
+    event.listen(engine.sync_engine.pool, "connect", lambda conn, rec: opened.append(conn))
+    return opened
+
+
+def select_one(dbapi_connection: Any) -> int:
+    """A round trip on the driver from inside a pool event (awaits the driver)."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("SELECT 1")
+        (value,) = cursor.fetchone()
+    finally:
+        cursor.close()
+    return int(value)
+
+
+async def every_kind_of_operation(store: SQLStore) -> None:
+    """A create, a write, reads and a delete: each checks a connection out and in."""
+    sid = f"pool-{uuid.uuid4().hex}"
+    await store.create(Session(org_id="o", id=sid, app_name="a", user_id="u", state={"k": 1}))
+    await store.append_event("o", sid, Event(author="user", content={"text": "hi"}))
+    got = await store.get("o", sid)
+    assert got.message_count == 1
+    assert [e.content for e in await store.list_events("o", sid)] == [{"text": "hi"}]
+    await store.delete("o", sid)
+
+
+@pytest.mark.parametrize("listener", ["reset", "checkin"])
+async def test_pool_listeners_that_talk_to_the_database_run_on_every_return(
+    make_engine: Callable[..., Any], listener: str
+) -> None:
+    engine, opened = await make_engine()
+    answers: list[int] = []
+    if listener == "reset":
+        event.listen(
+            engine.sync_engine.pool,
+            "reset",
+            lambda conn, rec, state: answers.append(select_one(conn)),
+        )
+    else:
+        event.listen(
+            engine.sync_engine.pool, "checkin", lambda conn, rec: answers.append(select_one(conn))
+        )
+    store = SQLStore(engine)
+    await every_kind_of_operation(store)
+    await every_kind_of_operation(store)
+    assert len(answers) >= 10
+    assert set(answers) == {1}
+    assert len(opened) == 1  # and the connection was kept, never thrown away
+    assert engine.sync_engine.pool.checkedout() == 0
+
+
+async def test_a_pool_that_commits_on_return_keeps_its_connection(
+    make_engine: Callable[..., Any],
+) -> None:
+    engine, opened = await make_engine(pool_reset_on_return="commit")
+    store = SQLStore(engine)
+    await every_kind_of_operation(store)
+    await every_kind_of_operation(store)
+    assert len(opened) == 1
+    assert engine.sync_engine.pool.checkedout() == 0
+
+
+async def test_overflow_connections_are_closed_on_return_and_the_pool_goes_on(
+    make_engine: Callable[..., Any],
+) -> None:
+    engine, opened = await make_engine(pool_size=1, max_overflow=7)
+    closed: list[object] = []
+    event.listen(engine.sync_engine.pool, "close", lambda conn, rec: closed.append(conn))
+    store = SQLStore(engine)
+    sid = f"pool-{uuid.uuid4().hex}"
+    await store.create(Session(org_id="o", id=sid, app_name="a", user_id="u"))
+    gate = asyncio.Event()
+
+    async def read_while_others_do() -> None:
+        await gate.wait()
+        for _ in range(5):
+            assert (await store.get("o", sid)).id == sid
+
+    readers = [asyncio.create_task(read_while_others_do()) for _ in range(8)]
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.gather(*readers)
+    pool = engine.sync_engine.pool
+    assert pool.checkedout() == 0
+    assert pool.checkedin() <= 1  # every connection beyond the pool's size was closed
+    assert len(closed) == len(opened) - pool.checkedin()
+    await every_kind_of_operation(store)  # and the pool goes on serving
+
+
+async def test_a_default_pool_takes_connections_back_without_a_greenlet(
+    make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spawned: list[str] = []
+    real_spawn = runner.greenlet_spawn
+
+    def recording_spawn(fn: Callable[..., Any], *args: Any) -> Any:
+        spawned.append(getattr(fn, "__name__", repr(fn)))
+        return real_spawn(fn, *args)
+
+    engine, opened = await make_engine()
+    monkeypatch.setattr(runner, "greenlet_spawn", recording_spawn)
+    store = SQLStore(engine)
+    await every_kind_of_operation(store)
+    assert spawned
+    assert "checkin_reset" not in spawned
+    assert engine.sync_engine.pool.checkedout() == 0
+    assert len(opened) == 1
+
+
+@pytest.mark.parametrize("listener", ["checkout", "reset", "checkin"])
+async def test_a_transaction_a_pool_listener_leaves_open_loses_no_write(
+    make_engine: Callable[..., Any], listener: str
+) -> None:
+    """A listener that writes through the DBAPI connection leaves a transaction open on the
+    pooled connection (the driver begins one and nothing ends it). Every operation's write
+    still commits, and so does the listener's own work, as SQLAlchemy's own connections
+    would commit it with their first transaction."""
+    engine, _ = await make_engine()
+    table = f"listener_log_{uuid.uuid4().hex[:8]}"
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql(f"CREATE TABLE {table} (n INTEGER)")
+    written: list[int] = []
+
+    def log(dbapi_connection: Any, *_: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"INSERT INTO {table} (n) VALUES (1)")
+        cursor.close()
+        written.append(1)
+
+    event.listen(engine.sync_engine.pool, listener, log)
+    store = SQLStore(engine)
+    sids = [f"pool-{uuid.uuid4().hex}" for _ in range(3)]
+    for sid in sids:
+        await store.create(Session(org_id="o", id=sid, app_name="a", user_id="u"))
+        await store.append_event("o", sid, Event(author="user", content={"text": sid}))
+    await store.delete("o", sids[0])
+    await store.get("o", sids[1])  # a read last: its connection goes back with the listener's
+    event.remove(engine.sync_engine.pool, listener, log)
+    await store.get("o", sids[1])  # and the next use commits it
+
+    observer, _ = await make_engine()
+    seen = SQLStore(observer)
+    for sid in sids[1:]:
+        got = await seen.get("o", sid)
+        assert got.message_count == 1
+        assert [e.content for e in await seen.list_events("o", sid)] == [{"text": sid}]
+    with pytest.raises(SessionNotFoundError):
+        await seen.get("o", sids[0])
+    async with observer.connect() as conn:
+        committed = (await conn.exec_driver_sql(f"SELECT count(*) FROM {table}")).scalar_one()
+    assert written
+    assert committed == len(written)
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql(f"DROP TABLE {table}")

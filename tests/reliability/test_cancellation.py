@@ -507,6 +507,72 @@ async def test_cancel_while_the_pool_connects(sweeper: Sweep, write: str) -> Non
     raise AssertionError("never completed")
 
 
+# -- a pool listener that talks to the database -------------------------------------------------
+
+
+def leave_a_transaction_open_on_return(engine: AsyncEngine, backend: str) -> None:
+    """A ``reset`` listener that runs a statement through the DBAPI connection and leaves the
+    transaction the driver began for it open (SQLAlchemy's asyncpg adapter begins one for
+    any statement; ``sqlite3`` before a data change, here to a temporary table)."""
+    statements = (
+        ["SELECT 1"]
+        if backend == "postgres"
+        else [
+            "CREATE TEMP TABLE IF NOT EXISTS scratch (n INTEGER)",
+            "INSERT INTO scratch VALUES (1)",
+        ]
+    )
+
+    def talk(dbapi_connection: Any, record: Any, state: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        for statement in statements:
+            cursor.execute(statement)
+        cursor.close()
+
+    sqlalchemy.event.listen(engine.sync_engine.pool, "reset", talk)
+
+
+async def test_cancel_at_every_await_with_a_pool_listener_that_talks_to_the_database(
+    backend: str, backend_url: str, engine: AsyncEngine
+) -> None:
+    """With one pooled connection, whose every return runs a listener that awaits the
+    driver and leaves a transaction open: a create cancelled at each suspension in turn
+    (the check-out, the commit of what the listener left, the statement, the check-in and
+    its listener) is whole or absent, and the next operation on the same connection goes
+    through and is committed: no connection stranded, no write swallowed."""
+    store_engine = pooled(backend_url, 1)
+    independent = create_async_engine(backend_url, poolclass=NullPool)
+    leave_a_transaction_open_on_return(store_engine, backend)
+    store = SQLStore(store_engine)
+
+    async def present(session_id: str) -> bool:
+        try:
+            await SQLStore(independent).get("o", session_id)
+        except SessionNotFoundError:
+            return False
+        return True
+
+    try:
+        for n in range(1, MAX_POINTS):
+            sid, probe = f"listened-{n}", f"probe-{n}"
+            outcome = await attempt(
+                lambda sid=sid: store.create(Session(org_id="o", id=sid, user_id="u")), {n}
+            )
+            assert outcome.error is None, repr(outcome.error)
+            follow = store.create(Session(org_id="o", id=probe, user_id="u"))
+            await asyncio.wait_for(follow, STEP_TIMEOUT)
+            assert await present(probe), f"cancelled at {n}: the next write was lost"
+            assert store_engine.sync_engine.pool.checkedout() == 0
+            if not outcome.cancelled:
+                assert await present(sid)
+                assert outcome.points < n
+                return
+        raise AssertionError("never completed")
+    finally:
+        await store_engine.dispose()
+        await independent.dispose()
+
+
 # -- the ADK import: one transaction of the target, a source read meanwhile ----------------------
 
 

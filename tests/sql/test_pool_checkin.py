@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from durable_sessions import Event, Session, SessionNotFoundError, SQLStore
 from durable_sessions.sql import runner
@@ -28,12 +29,14 @@ pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
 
 @pytest.fixture
 async def make_engine(backend: str, backend_url: str) -> AsyncIterator[Callable[..., Any]]:
-    """Engines on the backend's migrated database, built with the pool options given, each
-    with the list of the connections its pool opens."""
+    """Engines on the backend's migrated database, each with a queue pool built with the
+    options given, and the list of the connections its pool opens."""
     made: list[AsyncEngine] = []
 
     async def make(**options: Any) -> tuple[AsyncEngine, list[object]]:
-        engine = create_async_engine(backend_url, **options)
+        # A queue pool, as SQLAlchemy 2.1 picks for both (2.0 gives a SQLite file a NullPool,
+        # which opens and closes a connection each time: nothing is returned to a pool).
+        engine = create_async_engine(backend_url, **{"poolclass": AsyncAdaptedQueuePool, **options})
         made.append(engine)
         opened = count_connects(engine)
         if backend == "sqlite" and len(made) == 1:
@@ -137,7 +140,7 @@ async def test_overflow_connections_are_closed_on_return_and_the_pool_goes_on(
     await every_kind_of_operation(store)  # and the pool goes on serving
 
 
-async def test_a_default_pool_takes_connections_back_without_a_greenlet(
+async def test_a_queue_pool_takes_connections_back_without_a_greenlet(
     make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spawned: list[str] = []

@@ -34,7 +34,6 @@ __all__ = [
     "engine_has_events",
     "greenlet_spawn",
     "invalidate_pool",
-    "may_close_on_return",
     "returning_columns",
 ]
 
@@ -120,7 +119,7 @@ def checkin_without_io(pool: Pool, fairy: Any) -> bool:
     a greenlet: no pool ``reset`` or ``checkin`` listener, a reset-on-return of rollback
     (skipped: the transaction is already reset) or none, no finalizer left on the connection
     record (``_ConnectionRecord.finalize_callback``), and a pool that will not close the
-    connection on return (``may_close_on_return``). Fail-closed: whatever it cannot read
+    connection on return (``_may_close_on_return``). Fail-closed: whatever it cannot read
     (a private name gone in another SQLAlchemy version) answers False, and the caller
     checks in through a greenlet, as always correct."""
     dispatch = pool.dispatch
@@ -131,10 +130,10 @@ def checkin_without_io(pool: Pool, fairy: Any) -> bool:
     record = getattr(fairy, "_connection_record", None)
     if record is None or getattr(record, "finalize_callback", True):
         return False
-    return not may_close_on_return(pool)
+    return not _may_close_on_return(pool)
 
 
-def may_close_on_return(pool: Pool) -> bool:
+def _may_close_on_return(pool: Pool) -> bool:
     """Whether checking a connection in to ``pool`` may close one, which awaits the driver.
 
     A queue pool closes a returned connection only when its queue is already full (an

@@ -29,7 +29,6 @@ from ._private import (
     engine_has_events,
     greenlet_spawn,
     invalidate_pool,
-    may_close_on_return,
 )
 from .compiled import Compiled
 from .translate import is_disconnect, translated
@@ -179,13 +178,13 @@ class Runner:
         # The pool's reset still runs (its reset events too), but its rollback is skipped:
         # the runner has checked there is nothing to roll back, and on SQLite that rollback
         # would cost a second thread hop per operation.
-        pool = self.engine.sync_engine.pool
-        if checkin_without_io(pool, fairy):
-            checkin_reset(fairy)  # nothing in it reaches the driver: no greenlet needed
-        elif may_close_on_return(pool):
+        if checkin_without_io(self.engine.sync_engine.pool, fairy):
+            checkin_reset(fairy)  # nothing in it reaches the driver: no greenlet, no await
+        else:
+            # It may await the driver (a pool listener, a commit-on-return, an overflow
+            # connection closed): carried to its end, so that a cancellation meanwhile
+            # cannot leave the connection neither in the pool nor out of it.
             await _to_the_end(greenlet_spawn(checkin_reset, fairy))
-        else:  # no await inside: nothing can interrupt it
-            await greenlet_spawn(checkin_reset, fairy)
 
     async def _recover(
         self,

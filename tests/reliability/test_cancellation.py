@@ -47,7 +47,7 @@ from durable_sessions import (
 from durable_sessions.sql.schema import metadata, sessions
 from reliability.figures import Figures
 from reliability.helpers import reset_tables
-from support.sql import SQL_BACKENDS, raw_pg
+from support.sql import SQL_BACKENDS, raw_pg, run_through_dbapi
 
 pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
 
@@ -510,39 +510,45 @@ async def test_cancel_while_the_pool_connects(sweeper: Sweep, write: str) -> Non
 # -- a pool listener that talks to the database -------------------------------------------------
 
 
-def leave_a_transaction_open_on_return(engine: AsyncEngine, backend: str) -> None:
-    """A ``reset`` listener that runs a statement through the DBAPI connection and leaves the
-    transaction the driver began for it open (SQLAlchemy's asyncpg adapter begins one for
+class TransactionLeftOpen:
+    """A ``reset`` listener that runs statements through the DBAPI connection and leaves the
+    transaction the driver began for them open (SQLAlchemy's asyncpg adapter begins one for
     any statement; ``sqlite3`` before a data change, here to a temporary table)."""
-    statements = (
-        ["SELECT 1"]
-        if backend == "postgres"
-        else [
-            "CREATE TEMP TABLE IF NOT EXISTS scratch (n INTEGER)",
-            "INSERT INTO scratch VALUES (1)",
-        ]
-    )
 
-    def talk(dbapi_connection: Any, record: Any, state: Any) -> None:
-        cursor = dbapi_connection.cursor()
-        for statement in statements:
-            cursor.execute(statement)
-        cursor.close()
+    def __init__(self, engine: AsyncEngine, backend: str) -> None:
+        self.pool = engine.sync_engine.pool
+        self.sql = (
+            ["SELECT 1"]
+            if backend == "postgres"
+            else [
+                "CREATE TEMP TABLE IF NOT EXISTS scratch (n INTEGER)",
+                "INSERT INTO scratch VALUES (1)",
+            ]
+        )
 
-    sqlalchemy.event.listen(engine.sync_engine.pool, "reset", talk)
+    def talk(self, dbapi_connection: Any, record: Any, state: Any) -> None:
+        run_through_dbapi(dbapi_connection, *self.sql)
+
+    def on(self) -> None:
+        sqlalchemy.event.listen(self.pool, "reset", self.talk)
+
+    def off(self) -> None:
+        sqlalchemy.event.remove(self.pool, "reset", self.talk)
 
 
 async def test_cancel_at_every_await_with_a_pool_listener_that_talks_to_the_database(
     backend: str, backend_url: str, engine: AsyncEngine
 ) -> None:
-    """With one pooled connection, whose every return runs a listener that awaits the
-    driver and leaves a transaction open: a create cancelled at each suspension in turn
-    (the check-out, the commit of what the listener left, the statement, the check-in and
-    its listener) is whole or absent, and the next operation on the same connection goes
-    through and is committed: no connection stranded, no write swallowed."""
+    """With one pooled connection that comes out of the pool inside the transaction a
+    listener left open, and whose return runs that listener again (a round trip): a create
+    cancelled at each suspension in turn (the check-out, the commit of what the listener
+    left, the statement, the check-in and its listener) is whole or absent; then, the
+    listener removed, the next write on the same connection is committed and no connection
+    of the database is left inside a transaction (pg_stat_activity on Postgres, SQLite's
+    write lock free): no connection stranded, no write swallowed."""
     store_engine = pooled(backend_url, 1)
     independent = create_async_engine(backend_url, poolclass=NullPool)
-    leave_a_transaction_open_on_return(store_engine, backend)
+    listener = TransactionLeftOpen(store_engine, backend)
     store = SQLStore(store_engine)
 
     async def present(session_id: str) -> bool:
@@ -552,15 +558,21 @@ async def test_cancel_at_every_await_with_a_pool_listener_that_talks_to_the_data
             return False
         return True
 
-    try:
+    async def sweep(checker: Checker) -> None:
         for n in range(1, MAX_POINTS):
-            sid, probe = f"listened-{n}", f"probe-{n}"
+            sid, primer, probe = f"listened-{n}", f"primer-{n}", f"probe-{n}"
+            listener.on()
+            # Its return leaves the listener's transaction open: the attempt starts in it.
+            await store.create(Session(org_id="o", id=primer, user_id="u"))
             outcome = await attempt(
                 lambda sid=sid: store.create(Session(org_id="o", id=sid, user_id="u")), {n}
             )
             assert outcome.error is None, repr(outcome.error)
+            listener.off()
             follow = store.create(Session(org_id="o", id=probe, user_id="u"))
             await asyncio.wait_for(follow, STEP_TIMEOUT)
+            await checker.nothing_left_open()
+            assert await present(primer)
             assert await present(probe), f"cancelled at {n}: the next write was lost"
             assert store_engine.sync_engine.pool.checkedout() == 0
             if not outcome.cancelled:
@@ -568,6 +580,13 @@ async def test_cancel_at_every_await_with_a_pool_listener_that_talks_to_the_data
                 assert outcome.points < n
                 return
         raise AssertionError("never completed")
+
+    try:
+        if backend == "postgres":
+            async with raw_pg(backend_url) as admin:
+                await sweep(Checker(backend, backend_url, independent, admin))
+        else:
+            await sweep(Checker(backend, backend_url, independent, None))
     finally:
         await store_engine.dispose()
         await independent.dispose()

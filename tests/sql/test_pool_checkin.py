@@ -22,7 +22,7 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from durable_sessions import Event, Session, SessionNotFoundError, SQLStore
 from durable_sessions.sql import runner
-from support.sql import SQL_BACKENDS
+from support.sql import SQL_BACKENDS, run_through_dbapi
 
 pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
 
@@ -57,12 +57,7 @@ def count_connects(engine: AsyncEngine) -> list[object]:
 
 def select_one(dbapi_connection: Any) -> int:
     """A round trip on the driver from inside a pool event (awaits the driver)."""
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute("SELECT 1")
-        (value,) = cursor.fetchone()
-    finally:
-        cursor.close()
+    (value,) = run_through_dbapi(dbapi_connection, "SELECT 1")
     return int(value)
 
 
@@ -175,9 +170,7 @@ async def test_a_transaction_a_pool_listener_leaves_open_loses_no_write(
     written: list[int] = []
 
     def log(dbapi_connection: Any, *_: Any) -> None:
-        cursor = dbapi_connection.cursor()
-        cursor.execute(f"INSERT INTO {table} (n) VALUES (1)")
-        cursor.close()
+        run_through_dbapi(dbapi_connection, f"INSERT INTO {table} (n) VALUES (1)")
         written.append(1)
 
     event.listen(engine.sync_engine.pool, listener, log)

@@ -113,3 +113,17 @@ async def raw_pg(url: str) -> AsyncIterator[Any]:
         yield conn
     finally:
         await conn.close()
+
+
+def run_through_dbapi(dbapi_connection: Any, *sql: str) -> Any:
+    """Run statements on a DBAPI connection as a pool listener gets it (SQLAlchemy's adapted
+    driver connection: inside a pool event it awaits the driver through the greenlet), and
+    return the first row of the last one, if any. Nothing ends the transaction the driver
+    may begin for them (asyncpg's adapter for any statement, ``sqlite3`` before a change)."""
+    cursor = dbapi_connection.cursor()
+    try:
+        for statement in sql:
+            cursor.execute(statement)
+        return cursor.fetchone() if cursor.description else None
+    finally:
+        cursor.close()

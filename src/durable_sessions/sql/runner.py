@@ -546,10 +546,10 @@ class PostgresRunner(Runner):
         with translated(operation):
             fairy = await self._checkout()
             driver: Any = fairy.driver_connection
-            began = False
+            # Open already only when a pool listener left it: a failure from here rolls it back.
+            began = driver.is_in_transaction()
             try:
-                if driver.is_in_transaction():
-                    began = True  # a failure from here rolls it back
+                if began:
                     await _pg_commit_left_open(fairy)
                     began = False
                 if mode == "write":

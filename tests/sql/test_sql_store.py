@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import sqlite3
+import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +24,7 @@ from durable_sessions import (
     Manager,
     SchemaNotMigratedError,
     SQLStore,
+    StoreError,
     StoreUnavailableError,
 )
 from durable_sessions.sql.dialect import dialect_ops
@@ -209,6 +214,59 @@ async def test_sqlite_connections_use_wal_busy_timeout_and_foreign_keys(sqlite_u
             assert (await conn.exec_driver_sql("PRAGMA busy_timeout")).scalar() == 12500
             assert (await conn.exec_driver_sql("PRAGMA foreign_keys")).scalar() == 1
     finally:
+        await engine.dispose()
+
+
+def _fresh_database_with_a_writer(path: Path) -> sqlite3.Connection:
+    """A rollback-journal database another connection is writing to (RESERVED lock held).
+
+    SQLite answers a switch to WAL with SQLITE_BUSY at once in this state, without
+    waiting for its busy timeout: what several processes opening one fresh file meet.
+    """
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE other (x INTEGER)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO other VALUES (1)")
+    return holder
+
+
+@pytest.mark.sqlite
+async def test_a_writer_on_a_fresh_database_delays_the_switch_to_wal(tmp_path: Path) -> None:
+    """The store waits for the writer's lock, as for any statement, then gets WAL."""
+    path = tmp_path / "fresh.db"
+    holder = _fresh_database_with_a_writer(path)
+    engine = create_async_engine(f"sqlite+aiosqlite:///{path}")
+    try:
+        store = SQLStore(engine, busy_timeout=30)
+        asyncio.get_running_loop().call_later(0.3, holder.execute, "COMMIT")
+        await store.migrate()
+        session = await Manager(store).create("org", "alice", state={"k": 1})
+        assert (await store.get("org", session.id)).state == {"k": 1}
+        async with engine.connect() as conn:
+            assert (await conn.exec_driver_sql("PRAGMA journal_mode")).scalar() == "wal"
+            assert (await conn.exec_driver_sql("SELECT x FROM other")).scalar() == 1
+    finally:
+        holder.close()
+        await engine.dispose()
+
+
+@pytest.mark.sqlite
+async def test_a_writer_that_outlasts_the_busy_timeout_is_a_typed_error(tmp_path: Path) -> None:
+    """The switch to WAL gives up after the busy timeout, not before, with a StoreError,
+    and the writer's transaction is untouched."""
+    path = tmp_path / "fresh.db"
+    holder = _fresh_database_with_a_writer(path)
+    engine = create_async_engine(f"sqlite+aiosqlite:///{path}")
+    try:
+        store = SQLStore(engine, busy_timeout=0.4)
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="locked"):
+            await store.migrate()
+        assert time.monotonic() - started >= 0.4
+        holder.execute("COMMIT")
+        assert holder.execute("SELECT x FROM other").fetchall() == [(1,)]
+    finally:
+        holder.close()
         await engine.dispose()
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +15,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.util import await_only
 
 from ..errors import InvalidArgumentError
 from .schema import JSONValue, sessions
@@ -90,13 +94,46 @@ def dialect_ops(dialect_name: str, driver: str) -> DialectOps:
 
 
 _PRAGMAS_DONE = "durable_sessions_pragmas"
+_SQLITE_BUSY = 5
+
+
+def _is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's SQLITE_BUSY ("database is locked")."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return bool(code & 0xFF == _SQLITE_BUSY)
+    return "database is locked" in str(exc)
+
+
+def _switch_to_wal(cursor: Any, busy_timeout_ms: int) -> None:
+    """Set WAL, waiting up to the busy timeout for another connection's lock.
+
+    Leaving the rollback journal needs an exclusive lock, and SQLite answers SQLITE_BUSY
+    at once, without calling its busy handler, while another connection writes: several
+    processes opening one fresh database at the same time would otherwise fail at random.
+    The wait yields to the event loop (checkout runs inside SQLAlchemy's greenlet).
+    """
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    delay = 0.001
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except Exception as exc:
+            if not _is_busy(exc) or time.monotonic() >= deadline:
+                raise
+        await_only(asyncio.sleep(delay))
+        delay = min(delay * 2, 0.05)
 
 
 def install_sqlite_pragmas(engine: Engine, busy_timeout_ms: int) -> None:
     """Give every SQLite connection of ``engine`` WAL, a busy timeout and foreign keys.
 
     Runs at checkout once per DBAPI connection, so connections pooled before the store
-    was made get the settings too.
+    was made get the settings too. A writer holding the fresh database's lock delays the
+    switch to WAL by at most the busy timeout, as it would any other statement.
     """
 
     def on_checkout(dbapi_conn: Any, record: Any, proxy: Any) -> None:
@@ -105,7 +142,7 @@ def install_sqlite_pragmas(engine: Engine, busy_timeout_ms: int) -> None:
         cursor = dbapi_conn.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(cursor, busy_timeout_ms)
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
             cursor.close()

@@ -532,12 +532,41 @@ def _left(db: sqlite3.Connection, hop: _Hop) -> None:
     hop.done = True
 
 
+_PG_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
+"""Every transaction of the store runs at READ COMMITTED, whatever the database's default:
+its writes re-check their guards on the row version they find (a loser gets
+StaleSessionError), where REPEATABLE READ or SERIALIZABLE would fail concurrent appends to one
+session with serialization errors."""
+
+
+PG_READ_COMMITTED = "durable_sessions_read_committed"
+"""Key of the pool record's ``info``: whether that connection's transactions start at READ
+COMMITTED (cleared with the rest of ``info`` when the pool reconnects)."""
+
+
+async def _pg_default_is_read_committed(fairy: Any) -> bool:
+    """Whether the connection's implicit transactions run at READ COMMITTED, as Postgres's
+    do unless ``default_transaction_isolation`` is set (for the server, the database, the
+    role or the connection). Asked once per connection."""
+    known: bool | None = fairy.info.get(PG_READ_COMMITTED)
+    if known is None:
+        level = await fairy.driver_connection.fetchval("SHOW default_transaction_isolation")
+        known = fairy.info[PG_READ_COMMITTED] = level == "read committed"
+    return known
+
+
 class PostgresRunner(Runner):
     """Runs each query as one asyncpg round trip; multi-statement writes in a transaction.
 
     BEGIN and COMMIT are sent as statements of their own rather than through
     ``driver.transaction()``, whose BEGIN a cancellation can interrupt before there is a
     transaction to exit: after a failure the driver says whether one is open.
+
+    Transactions are READ COMMITTED (``_PG_BEGIN``). On a database whose default isolation
+    is another level, a single statement would run at that level in its implicit
+    transaction: there every operation gets an explicit READ COMMITTED transaction (a BEGIN
+    and a COMMIT round trip more), and on the default Postgres setup none does. Which is
+    the case is asked once per connection (``PG_READ_COMMITTED``).
     """
 
     async def run(self, program: Program[T], mode: Mode, operation: str) -> T:
@@ -552,9 +581,9 @@ class PostgresRunner(Runner):
                 if began:
                     await _pg_commit_left_open(fairy)
                     began = False
-                if mode == "write":
+                if mode == "write" or not await _pg_default_is_read_committed(fairy):
                     began = True
-                    await driver.execute("BEGIN")
+                    await driver.execute(_PG_BEGIN)
                     result = await self._drive(driver, program)
                     await driver.execute("COMMIT")
                 else:
@@ -746,6 +775,10 @@ async def _transaction(engine: AsyncEngine, write: bool) -> AsyncIterator[AsyncC
     await conn.start()
     await _deliver_swallowed_cancel(requests, lambda: _to_the_end(conn.close()))
     try:
+        if engine.dialect.name == "postgresql":
+            # As the fast path's transactions (_PG_BEGIN), whatever the engine's or the
+            # database's default; the pool restores the engine's level at check-in.
+            await conn.execution_options(isolation_level="READ COMMITTED")
         if write:
             await conn.begin()
             if engine.dialect.name == "sqlite":

@@ -1,0 +1,165 @@
+"""Postgres: the store's guarantees do not depend on the database's default isolation level.
+
+A database (or role) with ``default_transaction_isolation`` set to REPEATABLE READ or
+SERIALIZABLE, or an engine made with ``isolation_level="SERIALIZABLE"``, must not turn
+concurrent appends to one session into serialization errors: every append lands, and two
+saves from one version still end with one winner and one ``StaleSessionError``. The store
+runs its own transactions at READ COMMITTED, on each of its paths: the fast runner, the
+distributed (stepwise) mode, and SQLAlchemy's execution layer (taken when something listens
+to the engine's events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import pytest
+from sqlalchemy import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from conftest import _run_admin
+from durable_sessions import Event, Manager, SQLStore, StaleSessionError
+from durable_sessions.sql.runner import PG_READ_COMMITTED
+from support.sql import statements
+
+pytestmark = pytest.mark.postgres
+
+TASKS = 12
+APPENDS = 8
+
+# Where the stricter level comes from: the database's default, or the engine's own setting.
+LEVELS = [
+    pytest.param(("database", "repeatable read"), id="database-repeatable-read"),
+    pytest.param(("database", "serializable"), id="database-serializable"),
+    pytest.param(("engine", "SERIALIZABLE"), id="engine-serializable"),
+]
+PATHS = ["fast", "distributed", "watched"]
+ONE: dict[str, Any] = {"pool_size": 1, "max_overflow": 0}
+
+
+@pytest.fixture
+async def strict_engine(
+    request: pytest.FixtureRequest, fresh_pg_url: Callable[[], str], pg_base_url: str
+) -> AsyncIterator[AsyncEngine]:
+    """A migrated database whose default isolation (or whose engine's) is not READ COMMITTED."""
+    where, level = request.param
+    url = fresh_pg_url()
+    if where == "database":
+        name = make_url(url).database
+        _run_admin(
+            pg_base_url, f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = '{level}'"
+        )
+        engine = create_async_engine(url, pool_size=TASKS)
+    else:
+        engine = create_async_engine(url, pool_size=TASKS, isolation_level=level)
+    await SQLStore(engine).migrate()
+    yield engine
+    await engine.dispose()
+
+
+def _store(engine: AsyncEngine, path: str, stack: ExitStack) -> SQLStore:
+    if path == "watched":
+        stack.enter_context(statements(engine))  # a listener: SQLAlchemy's execution layer
+    return SQLStore(engine, distributed=path == "distributed")
+
+
+@pytest.fixture
+def path_store(strict_engine: AsyncEngine, request: pytest.FixtureRequest) -> Iterator[SQLStore]:
+    with ExitStack() as stack:
+        yield _store(strict_engine, request.param, stack)
+
+
+@pytest.mark.parametrize("strict_engine", LEVELS, indirect=True)
+@pytest.mark.parametrize("path_store", PATHS, indirect=True)
+async def test_concurrent_appends_to_one_session_all_land(path_store: SQLStore) -> None:
+    """12 tasks append 8 events each to one session, each with a private, user: and app:
+    key: all 96 events are stored, in distinct sequence numbers, with every key's last value."""
+    manager = Manager(path_store, app_name="app")
+    session = await manager.create("org", "alice")
+
+    async def appender(task: int) -> None:
+        for i in range(APPENDS):
+            current = await manager.get("org", session.id)
+            delta = {f"t{task}": i, f"user:t{task}": i, f"app:t{task}": i}
+            await manager.append_event(
+                current, Event(author="user", content={"text": f"{task}-{i}"}, state_delta=delta)
+            )
+
+    await asyncio.gather(*(appender(t) for t in range(TASKS)))
+    events = await manager.list_events("org", session.id)
+    assert sorted(e.content["text"] for e in events) == sorted(  # type: ignore[index]
+        f"{t}-{i}" for t in range(TASKS) for i in range(APPENDS)
+    )
+    assert sorted(e.seq for e in events) == list(range(1, TASKS * APPENDS + 1))
+    stored = await manager.get("org", session.id)
+    for task in range(TASKS):
+        for key in (f"t{task}", f"user:t{task}", f"app:t{task}"):
+            assert stored.state[key] == APPENDS - 1
+
+
+@pytest.mark.parametrize("strict_engine", LEVELS, indirect=True)
+@pytest.mark.parametrize("path_store", PATHS, indirect=True)
+async def test_saves_from_one_version_have_one_winner_and_stale_losers(
+    path_store: SQLStore,
+) -> None:
+    """8 tasks save the same version of a session: one wins, the 7 others get
+    StaleSessionError (no serialization error), and the winner's value is what is stored."""
+    manager = Manager(path_store, app_name="app")
+    session = await manager.create("org", "alice", state={"k": -1})
+    copies = [await manager.get("org", session.id) for _ in range(8)]
+    for n, copy in enumerate(copies):
+        copy.set("k", n)
+        copy.set("user:k", n)
+
+    outcomes = await asyncio.gather(*(manager.save(c) for c in copies), return_exceptions=True)
+    winners = [n for n, o in enumerate(outcomes) if not isinstance(o, BaseException)]
+    losers = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(winners) == 1
+    assert len(losers) == 7
+    assert all(isinstance(o, StaleSessionError) for o in losers), losers
+    stored = await manager.get("org", session.id)
+    assert stored.state["k"] == stored.state["user:k"] == winners[0]
+    assert stored.version == 2
+
+
+async def _known_level(engine: AsyncEngine) -> bool | None:
+    """What the store found out about the engine's one pooled connection."""
+    async with engine.connect() as conn:
+        known: bool | None = conn.info.get(PG_READ_COMMITTED)
+        return known
+
+
+async def test_only_a_stricter_database_default_costs_a_transaction(
+    fresh_pg_url: Callable[[], str], pg_base_url: str
+) -> None:
+    """The explicit READ COMMITTED transaction is only for connections that need it: at
+    Postgres's default (whatever isolation the engine sets for SQLAlchemy's own
+    transactions) a single-statement write is sent alone; under a stricter database
+    default every operation is wrapped."""
+    default_url, strict_url = fresh_pg_url(), fresh_pg_url()
+    name = make_url(strict_url).database
+    _run_admin(
+        pg_base_url, f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'serializable'"
+    )
+    engines = {
+        "default": create_async_engine(default_url, **ONE),
+        "engine-serializable": create_async_engine(
+            default_url, isolation_level="SERIALIZABLE", **ONE
+        ),
+        "strict": create_async_engine(strict_url, **ONE),
+    }
+    try:
+        for engine in engines.values():
+            store = SQLStore(engine)
+            await store.migrate()
+            session = await Manager(store).create("org", "alice")
+            assert (await store.get("org", session.id)).id == session.id
+        assert await _known_level(engines["default"]) is True
+        assert await _known_level(engines["engine-serializable"]) is True
+        assert await _known_level(engines["strict"]) is False
+    finally:
+        for engine in engines.values():
+            await engine.dispose()

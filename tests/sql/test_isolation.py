@@ -163,3 +163,25 @@ async def test_only_a_stricter_database_default_costs_a_transaction(
     finally:
         for engine in engines.values():
             await engine.dispose()
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_the_engine_keeps_its_own_isolation_level(
+    fresh_pg_url: Callable[[], str], path: str
+) -> None:
+    """The store's READ COMMITTED is its own: after its operations on a connection, the
+    application's transactions on that engine still run at the engine's level."""
+    engine = create_async_engine(fresh_pg_url(), isolation_level="SERIALIZABLE", **ONE)
+    try:
+        with ExitStack() as stack:
+            store = _store(engine, path, stack)
+            await store.migrate()
+            manager = Manager(store)
+            session = await manager.create("org", "alice")
+            await manager.append_event(session, Event(author="user", state_delta={"k": 1}))
+            assert (await manager.get("org", session.id)).state == {"k": 1}
+        async with engine.connect() as conn:
+            level = (await conn.exec_driver_sql("SHOW transaction_isolation")).scalar()
+        assert level == "serializable"
+    finally:
+        await engine.dispose()

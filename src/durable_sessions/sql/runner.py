@@ -31,7 +31,7 @@ from ._private import (
     invalidate_pool,
 )
 from .compiled import Compiled
-from .translate import is_disconnect, translated
+from .translate import is_disconnect, is_timeout, translated
 
 __all__ = [
     "Mode",
@@ -154,7 +154,7 @@ class Runner:
         SQLAlchemy's per-statement work (and, on SQLite, a thread hop per statement). A
         failure or cancellation rolls back, or terminates the connection when it cannot.
         """
-        with translated(operation):
+        with translated(operation, writes=mode != "read"):
             async with _transaction(self.engine, mode != "read") as conn:
                 return await _drive_watched(conn, program)
 
@@ -358,7 +358,7 @@ class SQLiteRunner(Runner):
     async def _run_read(self, program: Program[T], operation: str) -> T:
         if self._watched():
             return await self._run_watched(program, "read", operation)
-        with translated(operation):
+        with translated(operation, writes=False):
             job = _Job(program)
             await self._run_hop(_drive_read, [job], job)
             value: T = job.outcome()
@@ -572,7 +572,7 @@ class PostgresRunner(Runner):
     async def run(self, program: Program[T], mode: Mode, operation: str) -> T:
         if self._watched():
             return await self._run_watched(program, mode, operation)
-        with translated(operation):
+        with translated(operation, writes=mode != "read"):
             fairy = await self._checkout()
             driver: Any = fairy.driver_connection
             # Open already only when a pool listener left it: a failure from here rolls it back.
@@ -605,6 +605,7 @@ class PostgresRunner(Runner):
         elif (
             began
             or not isinstance(exc, Exception)  # a cancellation: a statement may be in flight
+            or is_timeout(exc)  # the driver's timeout: its cancellation of one is in flight
             or driver.is_in_transaction()
             or driver.is_closed()
         ):

@@ -7,6 +7,7 @@ driver's own message (its first line, never a URL or password).
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import sqlite3
@@ -18,7 +19,14 @@ from sqlalchemy import exc as sa_exc
 from ..errors import SchemaNotMigratedError, SessionError, StoreError, StoreUnavailableError
 from .attempts import CURRENT, MIGRATE_HINT, Attempt
 
-__all__ = ["describe", "driver_error", "is_disconnect", "translate_error", "translated"]
+__all__ = [
+    "describe",
+    "driver_error",
+    "is_disconnect",
+    "is_timeout",
+    "translate_error",
+    "translated",
+]
 
 _MISSING_SCHEMA = ("no such table", "no such column", "does not exist")
 # Connection exceptions, authorisation, missing catalog (database), resources, shutdowns.
@@ -123,6 +131,15 @@ def translate_error(
         return StoreUnavailableError(
             f"{operation}: could not connect to the database ({cause}); nothing was written"
         )
+    if is_timeout(orig):
+        if not writes:
+            return StoreUnavailableError(
+                f"{operation}: the database did not answer within the driver's timeout ({cause})"
+            )
+        return StoreUnavailableError(
+            f"{operation}: the database did not answer within the driver's timeout ({cause}); "
+            "the statement was cancelled, but may have completed first: read back before retrying"
+        )
     if (
         is_disconnect(orig)
         or getattr(exc, "connection_invalidated", False)
@@ -144,9 +161,18 @@ def translate_error(
     return StoreError(f"{operation}: the database failed ({cause}); nothing was written")
 
 
+def is_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` is a driver's timeout on a statement (asyncpg's ``command_timeout``
+    or ``timeout=``): the server did not answer in time, which says nothing of the
+    connection; the driver has asked the server to cancel the statement."""
+    return isinstance(exc, (TimeoutError, asyncio.TimeoutError))
+
+
 def is_disconnect(exc: BaseException) -> bool:
-    """Whether ``exc`` means the connection is gone or unusable."""
-    if isinstance(exc, (OSError, ConnectionError, TimeoutError)):
+    """Whether ``exc`` means the connection is gone or unusable (a timeout does not)."""
+    if is_timeout(exc):
+        return False
+    if isinstance(exc, (OSError, ConnectionError)):
         return True
     module = type(exc).__module__
     if module.startswith("asyncpg"):

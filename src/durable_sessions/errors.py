@@ -99,7 +99,11 @@ class StoreError(SessionError):
 
 
 class StoreUnavailableError(StoreError):
-    """Raised when the database cannot be reached or the connection broke mid-operation."""
+    """Raised when the database cannot be reached, the connection broke mid-operation, no
+    pooled connection became free in time, or the database did not answer within the
+    driver's timeout (asyncpg's ``command_timeout``; the statement is then cancelled before
+    this is raised). Worth retrying; when a write may have completed first, the message
+    says so: read back before retrying."""
 
 
 class DeletionIncompleteError(StoreError):

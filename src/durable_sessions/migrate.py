@@ -33,6 +33,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from .sql.dialect import pin_read_committed
 from .sql.schema import VERSION_TABLE
 from .sql.translate import translated
 
@@ -103,10 +104,9 @@ async def _run(engine: AsyncEngine, fn: Callable[[Connection], _T], *, write: bo
     # missing one); the command checks for the file itself where it must not.
     with translated("migrate" if write else "read the schema revision", creates=True):
         async with engine.connect() as conn:
-            if engine.dialect.name == "postgresql":
-                # Each statement sees what other migrators committed while this one waited
-                # for the advisory lock, whatever isolation level the engine defaults to.
-                await conn.execution_options(isolation_level="READ COMMITTED")
+            # Each statement sees what other migrators committed while this one waited for
+            # the advisory lock, whatever isolation level the engine defaults to.
+            await pin_read_committed(conn)
             result = await conn.run_sync(fn)
             if write:
                 await conn.commit()

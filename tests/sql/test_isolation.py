@@ -139,17 +139,20 @@ async def test_only_a_stricter_database_default_costs_a_transaction(
     Postgres's default (whatever isolation the engine sets for SQLAlchemy's own
     transactions) a single-statement write is sent alone; under a stricter database
     default every operation is wrapped."""
-    default_url, strict_url = fresh_pg_url(), fresh_pg_url()
-    name = make_url(strict_url).database
-    _run_admin(
-        pg_base_url, f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'serializable'"
-    )
+    default_url, strict_url, uncommitted_url = fresh_pg_url(), fresh_pg_url(), fresh_pg_url()
+    for url, level in ((strict_url, "serializable"), (uncommitted_url, "read uncommitted")):
+        name = make_url(url).database
+        _run_admin(
+            pg_base_url, f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = '{level}'"
+        )
     engines = {
         "default": create_async_engine(default_url, **ONE),
         "engine-serializable": create_async_engine(
             default_url, isolation_level="SERIALIZABLE", **ONE
         ),
         "strict": create_async_engine(strict_url, **ONE),
+        # Postgres runs READ UNCOMMITTED as READ COMMITTED: no wrapping needed there.
+        "read-uncommitted": create_async_engine(uncommitted_url, **ONE),
     }
     try:
         for engine in engines.values():
@@ -160,6 +163,15 @@ async def test_only_a_stricter_database_default_costs_a_transaction(
         assert await _known_level(engines["default"]) is True
         assert await _known_level(engines["engine-serializable"]) is True
         assert await _known_level(engines["strict"]) is False
+        assert await _known_level(engines["read-uncommitted"]) is True
+        # SQLAlchemy cannot set READ UNCOMMITTED back on a connection: its execution layer
+        # and migrate() leave such a connection's level alone, and work.
+        uncommitted = engines["read-uncommitted"]
+        with statements(uncommitted):
+            store = SQLStore(uncommitted)
+            await store.migrate()
+            session = await Manager(store).create("org", "bob")
+            assert (await store.get("org", session.id)).id == session.id
     finally:
         for engine in engines.values():
             await engine.dispose()

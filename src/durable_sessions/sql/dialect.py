@@ -13,6 +13,7 @@ from sqlalchemy import JSON, String, Table, any_, bindparam, event, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.util import await_only
@@ -20,7 +21,13 @@ from sqlalchemy.util import await_only
 from ..errors import InvalidArgumentError
 from .schema import JSONValue, sessions
 
-__all__ = ["SUPPORTED", "DialectOps", "dialect_ops", "install_sqlite_pragmas"]
+__all__ = [
+    "SUPPORTED",
+    "DialectOps",
+    "dialect_ops",
+    "install_sqlite_pragmas",
+    "pin_read_committed",
+]
 
 SUPPORTED = {("sqlite", "aiosqlite"), ("postgresql", "asyncpg")}
 """The (dialect, driver) pairs SQLStore runs on."""
@@ -149,3 +156,19 @@ def install_sqlite_pragmas(engine: Engine, busy_timeout_ms: int) -> None:
         record.info[_PRAGMAS_DONE] = True
 
     event.listen(engine, "checkout", on_checkout)
+
+
+async def pin_read_committed(conn: AsyncConnection) -> None:
+    """Run the transactions of ``conn`` (a Postgres connection through SQLAlchemy) at READ
+    COMMITTED, whatever the engine's or the database's default; the pool restores the
+    engine's level at check-in.
+
+    Left alone where the default is READ UNCOMMITTED, which Postgres runs as READ COMMITTED
+    and which SQLAlchemy could not set back at check-in (its asyncpg dialect refuses the
+    name). Nothing to do on SQLite.
+    """
+    if conn.dialect.name != "postgresql":
+        return
+    if getattr(conn.dialect, "default_isolation_level", None) == "READ UNCOMMITTED":
+        return
+    await conn.execution_options(isolation_level="READ COMMITTED")

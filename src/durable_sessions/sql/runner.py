@@ -31,6 +31,7 @@ from ._private import (
     invalidate_pool,
 )
 from .compiled import Compiled
+from .dialect import pin_read_committed
 from .translate import is_disconnect, is_timeout, translated
 
 __all__ = [
@@ -551,7 +552,8 @@ async def _pg_default_is_read_committed(fairy: Any) -> bool:
     known: bool | None = fairy.info.get(PG_READ_COMMITTED)
     if known is None:
         level = await fairy.driver_connection.fetchval("SHOW default_transaction_isolation")
-        known = fairy.info[PG_READ_COMMITTED] = level == "read committed"
+        # Postgres runs READ UNCOMMITTED as READ COMMITTED.
+        known = fairy.info[PG_READ_COMMITTED] = level in ("read committed", "read uncommitted")
     return known
 
 
@@ -776,10 +778,7 @@ async def _transaction(engine: AsyncEngine, write: bool) -> AsyncIterator[AsyncC
     await conn.start()
     await _deliver_swallowed_cancel(requests, lambda: _to_the_end(conn.close()))
     try:
-        if engine.dialect.name == "postgresql":
-            # As the fast path's transactions (_PG_BEGIN), whatever the engine's or the
-            # database's default; the pool restores the engine's level at check-in.
-            await conn.execution_options(isolation_level="READ COMMITTED")
+        await pin_read_committed(conn)  # as the fast path's transactions (_PG_BEGIN)
         if write:
             await conn.begin()
             if engine.dialect.name == "sqlite":

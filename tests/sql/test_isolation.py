@@ -19,11 +19,13 @@ from typing import Any
 import pytest
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
 from conftest import _run_admin
 from durable_sessions import Event, Manager, SQLStore, StaleSessionError
 from durable_sessions.sql.runner import PG_READ_COMMITTED
-from support.sql import statements
+from reliability.test_cancellation import WRITES, Checker, Sweep, attempt, pooled
+from support.sql import raw_pg, statements
 
 pytestmark = pytest.mark.postgres
 
@@ -197,3 +199,35 @@ async def test_the_engine_keeps_its_own_isolation_level(
         assert level == "serializable"
     finally:
         await engine.dispose()
+
+
+@pytest.mark.parametrize("write", list(WRITES))
+async def test_cancel_at_every_await_under_a_stricter_default(
+    fresh_pg_url: Callable[[], str], pg_base_url: str, write: str
+) -> None:
+    """On a database whose default is SERIALIZABLE, where single statements get an explicit
+    READ COMMITTED transaction (and a fresh connection asks for the default first), each
+    write cancelled at its 1st, 2nd, 3rd... suspension is whole or absent, and leaves no
+    transaction open (the sweep of ``tests/reliability/test_cancellation.py``)."""
+    url = fresh_pg_url()
+    name = make_url(url).database
+    _run_admin(
+        pg_base_url, f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'serializable'"
+    )
+    independent = create_async_engine(url, poolclass=NullPool)
+    store_engine = pooled(url, 1)
+    try:
+        await SQLStore(independent).migrate()
+        async with raw_pg(url) as admin:
+            sweep = Sweep(
+                "postgres",
+                url,
+                store_engine,
+                independent,
+                Checker("postgres", url, independent, admin),
+            )
+            await sweep.sweep(write, lambda op, n: attempt(op, {n}), "cancelled at suspension")
+            assert sweep.cancelled >= 1
+    finally:
+        await store_engine.dispose()
+        await independent.dispose()

@@ -490,3 +490,50 @@ async def test_event_contents_read_the_same_across_revision_0007_both_ways(
     assert await seen() == after
     await upgrade(db_engine)
     assert await seen() == after
+
+
+@pytest.mark.postgres
+async def test_the_collation_revision_leaves_a_citus_distribution_column_alone(
+    fresh_pg_url: Callable[[], str],
+) -> None:
+    """Revision 0004 gives every id and key column the C collation on Postgres, except a
+    column Citus already distributes a table by (which no ALTER TABLE may change): here
+    Citus's catalog is imitated, with ds_sessions and ds_events distributed by org_id."""
+    engine = create_async_engine(fresh_pg_url())
+    query = (
+        "SELECT table_name, column_name, collation_name FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND table_name LIKE 'ds\\_%' "
+        "AND data_type IN ('character varying', 'text') "
+        "AND column_name NOT IN ('incarnation', 'title')"
+    )
+
+    async def collations() -> dict[tuple[str, str], str | None]:
+        async with engine.connect() as conn:
+            return {(t, c): coll for t, c, coll in await conn.exec_driver_sql(query)}
+
+    try:
+        await upgrade(engine, "0003")
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql(
+                "CREATE TABLE pg_dist_partition (logicalrelid regclass, partkey text)"
+            )
+            await conn.exec_driver_sql(
+                "CREATE FUNCTION column_to_column_name(regclass, text) RETURNS text "
+                "LANGUAGE sql AS 'SELECT $2'"
+            )
+            await conn.exec_driver_sql(
+                "INSERT INTO pg_dist_partition VALUES ('ds_sessions', 'org_id'), "
+                "('ds_events', 'org_id'), ('ds_app_state', NULL)"
+            )
+        before = await collations()
+        assert set(before.values()) == {None}
+        await upgrade(engine)
+        fixed = {("ds_sessions", "org_id"), ("ds_events", "org_id")}
+        after = await collations()
+        assert after.keys() == before.keys()
+        assert {k for k, v in after.items() if v is None} == fixed
+        assert {v for k, v in after.items() if k not in fixed} == {"C"}
+        await downgrade(engine, "0003")
+        assert await collations() == before
+    finally:
+        await engine.dispose()

@@ -70,6 +70,13 @@ def drop_pg_database(base_url: str, url: str) -> None:
     _run_admin(base_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def set_pg_database(base_url: str, url: str, setting: str, value: str) -> None:
+    """Give the database of ``url`` a default for ``setting`` (``value`` is SQL: quote
+    strings), which its new connections start with."""
+    name = make_url(url).database
+    _run_admin(base_url, f'ALTER DATABASE "{name}" SET {setting} = {value}')
+
+
 @pytest.fixture(scope="session")
 def pg_base_url() -> str:
     """The Postgres server under test (skips locally when unset, fails under CI)."""
@@ -96,8 +103,7 @@ def fresh_pg_url(pg_base_url: str) -> Iterator[Callable[[], str]]:
 def _migrated_pg_database(pg_base_url: str, *, distributed: bool = False) -> str:
     url = create_pg_database(pg_base_url)
     if distributed:
-        name = make_url(url).database
-        _run_admin(pg_base_url, f'ALTER DATABASE "{name}" SET {SETTING} = on')
+        set_pg_database(pg_base_url, url, SETTING, "on")
 
     async def migrate() -> None:
         engine = create_async_engine(url)

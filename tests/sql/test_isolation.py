@@ -17,11 +17,10 @@ from contextlib import ExitStack
 from typing import Any
 
 import pytest
-from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from conftest import _run_admin
+from conftest import set_pg_database
 from durable_sessions import Event, Manager, SQLStore, StaleSessionError
 from durable_sessions.sql.runner import PG_READ_COMMITTED
 from reliability.test_cancellation import WRITES, Checker, Sweep, attempt, pooled
@@ -50,10 +49,7 @@ async def strict_engine(
     where, level = request.param
     url = fresh_pg_url()
     if where == "database":
-        name = make_url(url).database
-        _run_admin(
-            pg_base_url, f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = '{level}'"
-        )
+        set_pg_database(pg_base_url, url, "default_transaction_isolation", f"'{level}'")
         engine = create_async_engine(url, pool_size=TASKS)
     else:
         engine = create_async_engine(url, pool_size=TASKS, isolation_level=level)
@@ -143,10 +139,7 @@ async def test_only_a_stricter_database_default_costs_a_transaction(
     default every operation is wrapped."""
     default_url, strict_url, uncommitted_url = fresh_pg_url(), fresh_pg_url(), fresh_pg_url()
     for url, level in ((strict_url, "serializable"), (uncommitted_url, "read uncommitted")):
-        name = make_url(url).database
-        _run_admin(
-            pg_base_url, f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = '{level}'"
-        )
+        set_pg_database(pg_base_url, url, "default_transaction_isolation", f"'{level}'")
     engines = {
         "default": create_async_engine(default_url, **ONE),
         "engine-serializable": create_async_engine(
@@ -210,10 +203,7 @@ async def test_cancel_at_every_await_under_a_stricter_default(
     write cancelled at its 1st, 2nd, 3rd... suspension is whole or absent, and leaves no
     transaction open (the sweep of ``tests/reliability/test_cancellation.py``)."""
     url = fresh_pg_url()
-    name = make_url(url).database
-    _run_admin(
-        pg_base_url, f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'serializable'"
-    )
+    set_pg_database(pg_base_url, url, "default_transaction_isolation", "'serializable'")
     independent = create_async_engine(url, poolclass=NullPool)
     store_engine = pooled(url, 1)
     try:

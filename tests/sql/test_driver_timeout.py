@@ -51,6 +51,16 @@ async def _backends(engine: AsyncEngine) -> set[int]:
     return set(await asyncio.gather(*(one() for _ in range(POOL))))
 
 
+async def _nothing_left_open(url: str) -> None:
+    """No backend of the database is left inside a transaction (the timed-out one included)."""
+    async with raw_pg(url) as admin:
+        stuck = await admin.fetch(
+            "SELECT pid, state, query FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'"
+        )
+    assert not stuck, f"backends left inside a transaction: {stuck}"
+
+
 @pytest.mark.parametrize("path", ["fast", "distributed", "watched"])
 async def test_a_write_past_the_drivers_timeout_is_cancelled_and_the_pool_kept(
     timed_engine: tuple[AsyncEngine, str], path: str
@@ -85,6 +95,7 @@ async def test_a_write_past_the_drivers_timeout_is_cancelled_and_the_pool_kept(
         assert (stored.state, stored.version) == ({"k": 0}, 1)
         assert await manager.list_events("org", session.id) == []
 
+        await _nothing_left_open(url)
         kept = before & await _backends(engine)
         # SQLAlchemy's execution layer replaces each connection that timed out (two).
         assert len(kept) == (POOL - 2 if path == "watched" else POOL)
@@ -108,6 +119,7 @@ async def test_a_read_past_the_drivers_timeout_says_so_without_a_read_back(
         with pytest.raises(StoreUnavailableError) as caught:
             await manager.get("org", session.id)
         await lock.rollback()
+    await _nothing_left_open(url)
     assert str(caught.value).startswith(f"get: the database {SLOW}")
     assert "read back" not in str(caught.value)
     assert (await manager.get("org", session.id)).id == session.id

@@ -106,16 +106,12 @@ def _cancel_requests(task: asyncio.Task[Any] | None) -> int:
     return int(cancelling()) if cancelling is not None else 0
 
 
-async def _deliver_swallowed_cancel(
-    requests: int, give_back: Callable[[], Awaitable[None]]
-) -> None:
-    """After the pool handed a connection out: if the task was cancelled meanwhile (it has
-    more cancellation requests than ``requests``) and the pool swallowed the cancellation
-    (SQLAlchemy 2.0's pool queue waits in ``asyncio.wait_for``, which does on Python 3.11
-    when its wait is over meanwhile), return the connection with ``give_back`` and raise
-    it. Nothing otherwise."""
-    if _cancel_requests(asyncio.current_task()) <= requests:
-        return
+async def _deliver_swallowed_cancel(give_back: Callable[[], Awaitable[None]]) -> None:
+    """After the pool handed a connection out to a task that was cancelled meanwhile (it
+    has more cancellation requests than before the checkout), the pool may have swallowed
+    the cancellation (SQLAlchemy 2.0's pool queue waits in ``asyncio.wait_for``, which does
+    on Python 3.11 when its wait is over meanwhile): return the connection with
+    ``give_back`` and raise it."""
     try:
         await asyncio.sleep(0)  # one still pending is delivered here
         raise asyncio.CancelledError
@@ -165,11 +161,13 @@ class Runner:
         A cancellation while the pool connects is the pool's to clean up; once this has
         returned, nothing awaits before the caller's ``try`` takes the connection over.
         """
-        requests = _cancel_requests(asyncio.current_task())
+        task = asyncio.current_task()
+        requests = _cancel_requests(task)
         # Straight from the pool (its checkout events, pre-ping and reset still apply),
         # without an engine Connection around it: one greenlet hop each way.
         fairy = await greenlet_spawn(self.engine.sync_engine.pool.connect)
-        await _deliver_swallowed_cancel(requests, lambda: self._checkin(fairy))
+        if _cancel_requests(task) > requests:
+            await _deliver_swallowed_cancel(lambda: self._checkin(fairy))
         return fairy
 
     async def _checkin(self, fairy: Any) -> None:
@@ -773,10 +771,12 @@ async def write_transaction(engine: AsyncEngine) -> AsyncIterator[TransactionCon
 async def _transaction(engine: AsyncEngine, write: bool) -> AsyncIterator[AsyncConnection]:
     """A connection through SQLAlchemy's execution layer: in a write transaction (committed
     at the end) when ``write``; abandoned by ``_abandon_watched`` on any other exit."""
-    requests = _cancel_requests(asyncio.current_task())
+    task = asyncio.current_task()
+    requests = _cancel_requests(task)
     conn = engine.connect()
     await conn.start()
-    await _deliver_swallowed_cancel(requests, lambda: _to_the_end(conn.close()))
+    if _cancel_requests(task) > requests:
+        await _deliver_swallowed_cancel(lambda: _to_the_end(conn.close()))
     try:
         await pin_read_committed(conn)  # as the fast path's transactions (_PG_BEGIN)
         if write:

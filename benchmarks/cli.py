@@ -78,7 +78,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["side-by-side", "openai"],
         default="side-by-side",
         help="openai: the OpenAI Agents SDK session beside the SDK's SQLAlchemySession "
-        "(benchmarks/openai_suite.py; --backend, --duration, --concurrency apply)",
+        "(benchmarks/openai_suite.py; --backend, --duration, --concurrency, --rounds apply)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="openai suite: measure each (workload, concurrency) this many times, the order "
+        "alternating, and keep each implementation's best (noise only slows a run down), "
+        "as benchmarks.adk_bench does; default 3",
     )
     parser.add_argument(
         "--distributed",

@@ -11,11 +11,13 @@ away: these tests see that as a new connection being opened.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from greenlet import getcurrent
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
@@ -153,6 +155,36 @@ async def test_a_queue_pool_takes_connections_back_without_a_greenlet(
     assert "checkin_reset" not in spawned
     assert engine.sync_engine.pool.checkedout() == 0
     assert len(opened) == 1
+
+
+async def test_checkouts_run_in_one_kept_greenlet_with_the_callers_context(
+    make_engine: Callable[..., Any],
+) -> None:
+    """The pool's checkout runs in a greenlet kept from the last operation (not a new one
+    each time), and a checkout listener (tracing, say) sees the calling task's context."""
+    engine, _ = await make_engine()
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+    seen: list[tuple[Any, str]] = []
+
+    def on_checkout(*_: Any) -> None:
+        seen.append((getcurrent(), request_id.get("unset")))
+
+    event.listen(engine.sync_engine.pool, "checkout", on_checkout)
+    store = SQLStore(engine)
+
+    async def operation(name: str) -> None:
+        request_id.set(name)
+        await store.create(Session(id=name, org_id="o", user_id="u"))
+        await store.get("o", name)
+
+    await operation("warm")  # on Postgres the first operation also asks for the mode
+    seen.clear()
+    for name in ("first", "second", "third"):
+        await asyncio.create_task(operation(name))
+    assert [context for _, context in seen] == ["first"] * 2 + ["second"] * 2 + ["third"] * 2
+    greenlets = {id(g) for g, _ in seen}
+    assert len(greenlets) == 1  # one greenlet served all six checkouts
+    assert seen[0][0] is not getcurrent()
 
 
 @pytest.mark.parametrize("listener", ["checkout", "reset", "checkin"])

@@ -106,8 +106,9 @@ def greenlet_spawn(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
     contract, in a greenlet kept from an earlier call of this thread where there is one.
 
     SQLAlchemy makes a new greenlet for every call, and its first switch costs more than
-    the pool checkout it runs (measured in-situ on Postgres: about 70 µs of a 1 ms
-    ``append_events``). Here a finished call's greenlet waits for the next one instead
+    the pool checkout it runs (on Postgres, a checkout and check-in took 14.5 µs that way
+    and 6.1 µs here in a hot loop; a 2-item ``append_events`` went from 331 to 292 µs of
+    client CPU). Here a finished call's greenlet waits for the next one instead
     (``_ReusedGreenlet``); everything else is as SQLAlchemy does it: ``fn`` runs in the
     caller's context (its context variables), each driver await inside it is awaited by
     the caller, a cancellation or error of that await is thrown in at the same point, and
@@ -232,6 +233,7 @@ if _Provider is not None:
             probe.close()
         if not isinstance(finished, _Finished) or finished.value != "answer":
             return False
+        worker.gr_context = None
         _idle_greenlets().append(worker)
         return True
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .cli import BACKENDS, _ints, _run_meta
-from .common import WORKLOADS, Database, Measurement, new_tmpdir
+from .common import WORKLOADS, Database, Measurement, keep_best, new_tmpdir
 from .report import empty_results
 from .runner import _line, _one
 from .workloads import Implementation
@@ -58,9 +58,7 @@ async def run(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                         if workload == "create" and m.ops_per_sec:
                             create_rate[(impl.name, concurrency)] = m.ops_per_sec
                         print(_line(m), flush=True)
-                        kept = best.get(impl.name)
-                        if kept is None or (m.ops_per_sec > kept.ops_per_sec and not m.errors):
-                            best[impl.name] = m
+                        keep_best(best, m)
                 rows += [asdict(m) for m in best.values()]
                 adk, ours = best["google-adk"].ops_per_sec, best["adk-adapter"].ops_per_sec
                 print(f"    best of {args.rounds}: adapter/ADK {ours / adk if adk else 0:.2f}x")

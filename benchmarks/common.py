@@ -234,6 +234,14 @@ class Measurement:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def keep_best(best: dict[str, Measurement], m: Measurement) -> None:
+    """Keep ``m`` in ``best`` (by implementation) if it is that implementation's first
+    round or a faster one without errors: on a shared machine noise only slows a run down."""
+    kept = best.get(m.impl)
+    if kept is None or (m.ops_per_sec > kept.ops_per_sec and not m.errors):
+        best[m.impl] = m
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return 0.0

@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from .common import Database, Measurement, Op, measure, migrate_schema, opened
+from .common import Database, Measurement, Op, keep_best, measure, migrate_schema, opened
 
 __all__ = ["OPENAI_WORKLOADS", "main_openai", "run_openai_suite"]
 
@@ -158,9 +158,7 @@ async def run_openai_suite(
                             f"{m.ops_per_sec:9.1f} ops/s  p50 {m.p50_ms:7.2f} ms  "
                             f"p99 {m.p99_ms:7.2f} ms" + (f"  ERRORS {m.errors}" if m.errors else "")
                         )
-                        kept = best.get(impl.name)
-                        if kept is None or (m.ops_per_sec > kept.ops_per_sec and not m.errors):
-                            best[impl.name] = m
+                        keep_best(best, m)
                 rows += [asdict(best[impl.name]) for impl in impls]
                 ours, sdk = best[IMPLS[0]].ops_per_sec, best[IMPLS[1]].ops_per_sec
                 log(

@@ -203,11 +203,10 @@ if _Provider is not None:
                 del fn, args
                 self.parent.switch(finished)
 
-    def _take() -> Any:
-        """An idle greenlet of this thread, or a new one, ready to run in the caller's
-        greenlet and context (SQLAlchemy 2.1 switches back to ``parent``, 2.0 to
+    def _take(kept: list[Any]) -> Any:
+        """An idle greenlet of ``kept`` (this thread's), or a new one, ready to run in the
+        caller's greenlet and context (SQLAlchemy 2.1 switches back to ``parent``, 2.0 to
         ``driver``)."""
-        kept = _idle_greenlets()
         worker = kept.pop() if kept else _ReusedGreenlet()
         here = _greenlets.getcurrent()
         worker.parent = here
@@ -221,7 +220,7 @@ if _Provider is not None:
         await_ = getattr(sqlalchemy.util, "await_", None) or sqlalchemy.util.await_only
         probe = asyncio.sleep(0)
         try:
-            worker = _take()
+            worker = _take(_idle_greenlets())
             worker.call = (await_, (probe,))
             asked = worker.switch()
             if asked is not probe:
@@ -244,7 +243,8 @@ else:  # pragma: no cover - every SQLAlchemy in the tested range has the class
 
 async def _spawn_reused(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     """``greenlet_spawn``'s loop, in a reused greenlet (see ``greenlet_spawn``)."""
-    worker = _take()
+    kept = _idle_greenlets()
+    worker = _take(kept)
     worker.call = (fn, args)
     result = worker.switch()
     while not isinstance(result, _Finished):
@@ -257,7 +257,6 @@ async def _spawn_reused(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     # Idle, the greenlet keeps nothing of this call: not its result (the worker's frame
     # holds the emptied ``_Finished``), not the caller's context.
     worker.gr_context = None
-    kept = _idle_greenlets()
     if len(kept) < _IDLE_MAX:
         kept.append(worker)
     value, error = result.value, result.error

@@ -51,10 +51,16 @@ _ITEM = "item"
 """The author of an item that has neither a role nor a type."""
 
 
+_ASCII_AUTHOR = min(MAX_ID_LENGTH, MAX_ID_BYTES)
+"""The longest ASCII role or type that is an author as it is (one byte a character)."""
+
+
 def _author(item: Mapping[str, Any]) -> str:
     """The event author of an item: its role (messages), else its type."""
     for key in ("role", "type"):
         value = item.get(key)
+        if type(value) is str and value.isascii() and 0 < len(value) <= _ASCII_AUTHOR:
+            return value  # the usual case, under both limits at once
         if (
             isinstance(value, str)
             and value
@@ -68,7 +74,7 @@ def _author(item: Mapping[str, Any]) -> str:
 def _tokens(item: Mapping[str, Any]) -> int:
     """The tokens an item reports in a ``usage`` of its own, else 0."""
     usage = item.get("usage")
-    if isinstance(usage, Mapping):
+    if usage is not None and isinstance(usage, Mapping):
         total = usage.get("total_tokens")
         if isinstance(total, int) and not isinstance(total, bool) and total > 0:
             return total
@@ -102,7 +108,7 @@ def _title(items: list[TResponseInputItem]) -> str:
 
 def _to_event(item: TResponseInputItem) -> Event:
     """The durable event that stores an item, as its JSON."""
-    if not isinstance(item, Mapping):
+    if type(item) is not dict and not isinstance(item, Mapping):
         raise TypeError(f"session items are JSON objects (dicts), not {type(item).__name__}")
     return Event(author=_author(item), content=item, tokens=_tokens(item))
 

@@ -20,12 +20,12 @@ from .state import (
     USER_PREFIX,
     ScopedDelta,
     check_text,
+    checked_copy,
     copy_json,
     json_equal,
     split_delta,
     to_json,
     validate_id,
-    validate_value,
 )
 from .store import check_after_seq
 
@@ -294,12 +294,27 @@ def prepare_event(event: Event, max_bytes: int | None = None) -> tuple[Event, Sc
     check_count("event tokens", event.tokens)
     stamp = check_after(event.timestamp)
     assert stamp is not None
-    validate_value("<event content>", event.content, max_bytes)
-    if not isinstance(event.state_delta, Mapping):
+    content = checked_copy("<event content>", event.content, max_bytes)
+    given = event.state_delta
+    if not isinstance(given, Mapping):
         raise InvalidArgumentError("event state_delta must be a dict")
-    delta = split_delta(event.state_delta, (), max_bytes)
-    kept = {k: copy_json(v) for k, v in event.state_delta.items() if not k.startswith("temp:")}
-    stored = replace(event, content=copy_json(event.content), state_delta=kept, timestamp=stamp)
+    if given:
+        delta = split_delta(given, (), max_bytes)
+        kept = {k: copy_json(v) for k, v in given.items() if not k.startswith("temp:")}
+    else:  # most events change no state
+        delta, kept = ScopedDelta(), {}
+    if type(event) is not Event:  # a subclass: replace() keeps its type and its own fields
+        return replace(event, content=content, state_delta=kept, timestamp=stamp), delta
+    stored = Event(
+        author=event.author,
+        content=content,
+        invocation_id=event.invocation_id,
+        state_delta=kept,
+        tokens=event.tokens,
+        id=event.id,
+        timestamp=stamp,
+        seq=event.seq,
+    )
     return stored, delta
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "Scope",
     "ScopedDelta",
     "check_text",
+    "checked_copy",
     "copy_json",
     "diff_state",
     "json_equal",
@@ -194,6 +195,88 @@ def validate_value(key: str, value: object, max_bytes: int | None = None) -> Non
             )
 
 
+def checked_copy(key: str, value: object, max_bytes: int | None = None) -> Any:
+    """``validate_value(key, value, max_bytes)``, then ``copy_json(value)``, in one walk.
+
+    Refuses what ``validate_value`` refuses, with the same error, and returns what
+    ``copy_json`` returns: the copy that a store keeps of a value it is given.
+
+    Raises:
+        InvalidStateError: the value is not storable, or larger than ``max_bytes``.
+    """
+    size = [0]
+    try:
+        copied = _checked(value, 0, size)
+    except _Unstorable as exc:
+        raise InvalidStateError(key, str(exc)) from None
+    if max_bytes is not None and size[0] > max_bytes:
+        validate_value(key, copied, max_bytes)  # measures it exactly (the copy encodes alike)
+    return copied
+
+
+def _checked(value: object, depth: int, size: list[int]) -> Any:
+    """``_scan`` and ``copy_json`` at once: the checked copy; ``size[0]`` grows by the
+    scan's bound. A string inside a container is checked in the container's loop (most
+    leaves are strings), with the scan's checks in the scan's order."""
+    if depth > MAX_DEPTH:
+        raise _Unstorable(f"the value is nested deeper than {MAX_DEPTH} levels")
+    if value is None or isinstance(value, bool):
+        size[0] += 5
+        return value
+    if isinstance(value, str):
+        problem = check_text(value)
+        if problem is not None:
+            raise _Unstorable(f"a string value {problem}")
+        size[0] += 6 * len(value) + 2
+        return value
+    if isinstance(value, int):
+        size[0] += _scan(value, depth)
+        return value
+    if isinstance(value, float):
+        size[0] += _scan(value, depth)
+        return 0.0 if value == 0 else value  # -0.0 becomes 0.0, as copy_json does
+    inner = depth < MAX_DEPTH  # whether an item may be checked without the depth test
+    if isinstance(value, list):
+        total = 2 + len(value)
+        out: list[Any] = []
+        append = out.append
+        for item in value:
+            if inner and type(item) is str:
+                if "\x00" in item or not item.isascii():
+                    problem = check_text(item)
+                    if problem is not None:
+                        raise _Unstorable(f"a string value {problem}")
+                total += 6 * len(item) + 2
+                append(item)
+            else:
+                append(_checked(item, depth + 1, size))
+        size[0] += total
+        return out
+    if isinstance(value, dict):
+        total = 2
+        copied: dict[str, Any] = {}
+        for k, item in value.items():
+            if not isinstance(k, str):
+                raise _Unstorable(f"a nested object has the non-string key {k!r}")
+            problem = check_text(k)
+            if problem is not None:
+                raise _Unstorable(f"a nested key {problem}")
+            total += 6 * len(k) + 4
+            if inner and type(item) is str:
+                if "\x00" in item or not item.isascii():
+                    problem = check_text(item)
+                    if problem is not None:
+                        raise _Unstorable(f"a string value {problem}")
+                total += 6 * len(item) + 2
+                copied[k] = item
+            else:
+                copied[k] = _checked(item, depth + 1, size)
+        size[0] += total
+        return copied
+    kind = type(value).__name__
+    raise _Unstorable(f"{kind} is not a JSON value (use dict, list, str, int, float, bool or None)")
+
+
 class _Unstorable(Exception):
     """Why a value cannot be stored (internal to the scan)."""
 
@@ -264,7 +347,17 @@ def _optional(module: str) -> Any:
 
 
 _orjson: Any = _optional("orjson")
-"""orjson, when installed (the openai-agents extra): ``loads_json``'s decoder."""
+"""orjson, when installed (the openai-agents extra): ``loads_json``'s decoder, and
+``to_json``'s encoder for plain values."""
+
+_ORJSON_STRICT = (
+    0
+    if _orjson is None
+    else _orjson.OPT_PASSTHROUGH_SUBCLASS
+    | _orjson.OPT_PASSTHROUGH_DATETIME
+    | _orjson.OPT_PASSTHROUGH_DATACLASS
+)
+"""orjson's options that make it refuse, rather than encode, what ``json`` would not."""
 
 
 _DIGITS_AS_ZERO = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
@@ -342,9 +435,42 @@ def to_json(value: Any) -> str:
     which would come back as an int; floats with an integral value are therefore written
     with a decimal point (``10000000000000000.0``), which jsonb keeps as written.
     """
+    if _orjson is not None and _plain(value):
+        try:
+            text: str = _orjson.dumps(value, option=_ORJSON_STRICT).decode()
+            return text
+        except TypeError:  # orjson.JSONEncodeError: an int beyond 64 bits, a non-str key...
+            pass
     if _has_integral_float(value):
         return _encode(value)
     return _COMPACT.encode(value)
+
+
+def _plain(value: Any) -> bool:
+    """Whether orjson encodes ``value`` as ``to_json``'s standard-library path does: plain
+    ``dict``, ``list``, ``str``, ``int``, ``bool`` and ``None``, and floats that are finite
+    and not integral in exponent form (floats then print in their shortest round-trip form
+    on both paths, which may write them differently, e.g. ``1e-7`` for ``1e-07``: the
+    same number to every reader). Anything else, subclasses and tuples included, takes the
+    standard-library path. What orjson then still refuses (an int beyond 64 bits, a key that
+    is not a str, a lone surrogate, nesting past 255 levels) takes that path too."""
+    stack = [value]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        item = pop()
+        kind = type(item)
+        if kind is str:
+            continue
+        if kind is dict:
+            extend(item.values())
+        elif kind is list:
+            extend(item)
+        elif kind is float:
+            if not math.isfinite(item) or _is_exponent_integral(item):
+                return False
+        elif kind is not int and kind is not bool and item is not None:
+            return False
+    return True
 
 
 # One encoder, made once: json.dumps with arguments builds a new one on every call.
@@ -464,11 +590,10 @@ def split_delta(
     for key, value in changed.items():
         validate_key(key)
         # temp: values are checked too, so that every entry point refuses the same input.
-        validate_value(key, value, max_bytes)
+        value = checked_copy(key, value, max_bytes)
         scope = scope_of(key)
         if scope == "temp":
             continue
-        value = copy_json(value)
         if scope == "private":
             delta.private_set[key] = value
         elif scope == "user":

@@ -124,10 +124,11 @@ async def test_a_transcript_past_the_one_statement_limit_loads_whole(
     engine: AsyncEngine, backend: str
 ) -> None:
     # Postgres builds the one-statement read's transcript as one json text, which cannot
-    # pass 1 GB (the largest value it allocates); past it, get_with_events and
-    # get_with_events_json read the events as rows instead, in a second statement, and a
-    # truncation returns the events it removed the same way. 21 events of 50 MiB (a store
-    # without a value limit) pass it; SQLite reads rows anyway and gets a smaller transcript.
+    # pass 1 GB (the largest value it allocates); past it, get_with_events,
+    # get_with_events_json and list_event_contents read the events as rows instead, in a
+    # second statement, and a truncation returns the events it removed the same way. 21
+    # events of 50 MiB (a store without a value limit) pass it; SQLite reads rows anyway
+    # and gets a smaller transcript.
     store = SQLStore(engine, max_value_bytes=None)
     manager = Manager(store, app_name="app")
     session = await manager.create("org", "alice")
@@ -140,6 +141,17 @@ async def test_a_transcript_past_the_one_statement_limit_loads_whole(
     listed = await store.list_events("org", session.id)
     assert [e.content["i"] for e in listed] == [seq - 1 for seq in seqs]
     del listed
+    # The contents read (the OpenAI adapter's get_items) joins them into one text in the
+    # database; past 1 GB it reads one row per event instead.
+    with statements(engine) as seen:
+        contents = await store.list_event_contents("org", session.id)
+    if backend == "postgres":  # the one-text read failed, the rows read came second
+        assert len(data_statements(seen)) == 2, data_statements(seen)
+    assert [(c["i"], len(c["text"])) for c in contents] == [(seq - 1, size) for seq in seqs]
+    del contents
+    newest = await store.list_event_contents("org", session.id, limit=2)
+    assert [c["i"] for c in newest] == [count - 2, count - 1]
+    del newest
     with statements(engine) as seen:
         got = await store.get_with_events("org", session.id)
     if backend == "postgres":  # the one-statement read failed, the rows read came second

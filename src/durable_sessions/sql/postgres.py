@@ -144,20 +144,24 @@ class PostgresShapes(Statements):
         )  # fmt: skip
         return select(cast(whole, Text).label("listing"))
 
-    contents_as_rows = True
-
     def event_contents(self, has_limit: bool) -> Any:
-        """A session's event contents, oldest first: one row each, its JSON text.
+        """A session's event contents, oldest first, as ONE JSON array text in one row.
 
-        Rows rather than one ``json_agg`` text: the aggregate sorts its input (its
-        ``ORDER BY``, on Postgres before 16) and sends nothing until the last content is
-        read, while rows come in the primary key's order and stream as they are read, the
-        client decoding them meanwhile; the program joins their texts into one JSON array,
-        decoded at once. A content is ``json`` (revision 0007): its text is sent as stored.
+        ``string_agg`` over the contents in the primary key's order (a subquery ordered by
+        seq, as SQLite's ``group_concat``; no ``ORDER BY`` in the aggregate, which would sort
+        its input on Postgres before 16). A content is ``json`` (revision 0007): its text is
+        joined as stored, nothing is parsed. One row rather than one row per event: the
+        client makes one driver record, not one per event, and a thousand records that a
+        read holds while its rows arrive were what moved concurrent reads' garbage into
+        Python's oldest generation (full collections then took most of the client's time
+        with 16 concurrent 1,000-item reads). Past 1 GB the text cannot be built:
+        ``event_contents_rows`` reads the transcript instead (``SQLStore.list_event_contents``).
         """
         rows = self.chosen_contents(has_limit)
         text = func.coalesce(cast(rows.c.content, Text), literal("null", Text))
-        return select(text.label("contents")).order_by(rows.c.seq)
+        ordered = select(text.label("c")).order_by(rows.c.seq).subquery("ordered")
+        joined = func.string_agg(ordered.c.c, literal(",", Text))
+        return select((literal("[", Text) + joined + literal("]", Text)).label("contents"))
 
 
 class PostgresStatements(PostgresShapes):

@@ -162,8 +162,8 @@ def shared_params(delta: ScopedDelta) -> dict[str, Any]:
 
 
 _YOUNG_COLLECTIONS_PER_READ = 4
-"""Collections of generation 0 that one transcript read may set off: the driver's rows (a
-thousand asyncpg records), then the decoded document."""
+"""Collections of generation 0 that one transcript read may set off: the driver's rows (one
+per event for ``list_events``), then the decoded document."""
 
 
 def make_room_for_a_read() -> None:
@@ -256,12 +256,15 @@ class Programs:
             yield from self.require(params["k_org"], params["k_id"])
         return [event_from_row(row) for row in rows]
 
-    def contents(self, stmt: Any, params: dict[str, Any]) -> Program[builtins.list[Any]]:
-        """The contents of a transcript as one JSON array (``Statements.contents_as_rows``:
-        joined by the database, or here from one text per row), decoded at once."""
+    def contents(
+        self, stmt: Any, params: dict[str, Any], as_rows: bool = False
+    ) -> Program[builtins.list[Any]]:
+        """The contents of a transcript as one JSON array (``Statements.contents_statement``:
+        joined by the database, or here from one text per row with ``as_rows``), decoded at
+        once."""
         make_room_for_a_read()
         result = yield Query(stmt, params)
-        if self.q.contents_as_rows:
+        if as_rows:
             texts = result.rows
             whole = "[" + ",".join(texts) + "]" if texts else None
         else:

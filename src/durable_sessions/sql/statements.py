@@ -403,27 +403,32 @@ class Statements:
             self.shape((kind, "count"), lambda: select(func.count().label("n")).where(where)),
         )
 
-    contents_as_rows = False
-    """How ``event_contents`` answers: False, one row whose ``contents`` is ONE JSON array
-    text; True, one row per event, oldest first, each its content's JSON text (the program
-    joins them into that array)."""
-
-    def contents_statement(self, has_limit: bool) -> Compiled:
-        """``event_contents`` compiled (once); rows of texts decode to the texts alone."""
-        key = ("contents", has_limit)
+    def contents_statement(self, has_limit: bool, *, as_rows: bool = False) -> Compiled:
+        """``event_contents`` compiled (once); with ``as_rows``, ``event_contents_rows``,
+        whose rows decode to their texts alone."""
+        key = ("contents", has_limit, as_rows)
         found = self._shapes.get(key)
         if found is None:
-            found = self.compile(self.event_contents(has_limit))
-            if self.contents_as_rows:
-                found = dataclasses.replace(found, scalar=True)
+            if as_rows:
+                rows = self.compile(self.event_contents_rows(has_limit))
+                found = dataclasses.replace(rows, scalar=True)
+            else:
+                found = self.compile(self.event_contents(has_limit))
             self._shapes[key] = found
         return found
 
     def event_contents(self, has_limit: bool) -> Any:
         """A session's event contents, oldest first (the newest ``k_limit`` with
-        ``has_limit``), in the form ``contents_as_rows`` says; as ONE JSON array: ``[]`` or
-        NULL when there are none."""
+        ``has_limit``), as ONE JSON array text in one row (``contents``): ``[]`` or NULL
+        when there are none."""
         raise NotImplementedError
+
+    def event_contents_rows(self, has_limit: bool) -> Any:
+        """The same contents as one row each, oldest first, each its JSON text: for a
+        transcript whose one text would pass what the database can build (Postgres: 1 GB)."""
+        rows = self.chosen_contents(has_limit)
+        text = func.coalesce(cast(rows.c.content, Text), literal("null", Text))
+        return select(text.label("contents")).order_by(rows.c.seq)
 
     @staticmethod
     def chosen_contents(has_limit: bool) -> Any:

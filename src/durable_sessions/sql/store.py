@@ -653,13 +653,22 @@ class SQLStore:
     ) -> builtins.list[Any]:
         """Return the contents of a session's events, oldest first (see ``Store``).
 
-        One statement: the database joins the contents into one JSON array, decoded at once.
+        One statement: the database joins the contents into one JSON array, decoded at once
+        (on Postgres, a transcript past 1 GB of JSON, which that statement cannot build, is
+        read as one row per event instead).
         """
         _, params = _events_read(org_id, session_id, limit, None)
         has_limit = limit is not None
         await self._ready("list_events")
         stmt = self._q.contents_statement(has_limit)
-        program = self._programs.contents(stmt, params)
+        try:
+            program = self._programs.contents(stmt, params)
+            return await self._runner.run(program, "read", "list_events")
+        except StoreError as exc:
+            if not _sqlstate_in(exc, _TOO_LARGE):
+                raise
+        rows = self._q.contents_statement(has_limit, as_rows=True)
+        program = self._programs.contents(rows, params, as_rows=True)
         return await self._runner.run(program, "read", "list_events")
 
     # -- search ----------------------------------------------------------------------------------

@@ -258,10 +258,13 @@ class Programs:
 
     def contents(
         self, stmt: Any, params: dict[str, Any], as_rows: bool = False
-    ) -> Program[builtins.list[Any]]:
-        """The contents of a transcript as one JSON array (``Statements.contents_statement``:
-        joined by the database, or here from one text per row with ``as_rows``), decoded at
-        once."""
+    ) -> Program[str | None]:
+        """The contents of a transcript as the text of one JSON array
+        (``Statements.contents_statement``: joined by the database, or here from one text
+        per row with ``as_rows``); None when it has no events. The caller decodes it
+        (``loads_document``) where it returns it: on SQLite not in the worker thread, so
+        that the decoded document does not wait in the event loop's queue, alive, while
+        other tasks run (their collections would move it to the oldest generation)."""
         make_room_for_a_read()
         result = yield Query(stmt, params)
         if as_rows:
@@ -269,10 +272,9 @@ class Programs:
             whole = "[" + ",".join(texts) + "]" if texts else None
         else:
             whole = result.rows[0].contents if result.rows else None
-        found: builtins.list[Any] = loads_document(whole) if whole else []
-        if not found:
+        if whole is None:
             yield from self.require(params["k_org"], params["k_id"])
-        return found
+        return whole
 
     # -- guarded writes ----------------------------------------------------------------------
 

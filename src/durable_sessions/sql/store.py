@@ -46,6 +46,7 @@ from .programs import (
     Job,
     Programs,
     event_from_row,
+    loads_document,
     shared_items,
 )
 from .runner import make_runner
@@ -663,13 +664,14 @@ class SQLStore:
         stmt = self._q.contents_statement(has_limit)
         try:
             program = self._programs.contents(stmt, params)
-            return await self._runner.run(program, "read", "list_events")
+            whole = await self._runner.run(program, "read", "list_events")
         except StoreError as exc:
             if not _sqlstate_in(exc, _TOO_LARGE):
                 raise
-        rows = self._q.contents_statement(has_limit, as_rows=True)
-        program = self._programs.contents(rows, params, as_rows=True)
-        return await self._runner.run(program, "read", "list_events")
+            rows = self._q.contents_statement(has_limit, as_rows=True)
+            program = self._programs.contents(rows, params, as_rows=True)
+            whole = await self._runner.run(program, "read", "list_events")
+        return [] if whole is None else loads_document(whole)
 
     # -- search ----------------------------------------------------------------------------------
 

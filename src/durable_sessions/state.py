@@ -243,9 +243,7 @@ def _checked(value: object, depth: int, size: list[int]) -> Any:
         for item in value:
             if inner and type(item) is str:
                 if "\x00" in item or not item.isascii():
-                    problem = check_text(item)
-                    if problem is not None:
-                        raise _Unstorable(f"a string value {problem}")
+                    _check_string(item)
                 total += 6 * len(item) + 2
                 append(item)
             else:
@@ -264,9 +262,7 @@ def _checked(value: object, depth: int, size: list[int]) -> Any:
             total += 6 * len(k) + 4
             if inner and type(item) is str:
                 if "\x00" in item or not item.isascii():
-                    problem = check_text(item)
-                    if problem is not None:
-                        raise _Unstorable(f"a string value {problem}")
+                    _check_string(item)
                 total += 6 * len(item) + 2
                 copied[k] = item
             else:
@@ -275,6 +271,13 @@ def _checked(value: object, depth: int, size: list[int]) -> Any:
         return copied
     kind = type(value).__name__
     raise _Unstorable(f"{kind} is not a JSON value (use dict, list, str, int, float, bool or None)")
+
+
+def _check_string(text: str) -> None:
+    """Refuse a string value that ``check_text`` refuses, as ``_scan`` does."""
+    problem = check_text(text)
+    if problem is not None:
+        raise _Unstorable(f"a string value {problem}")
 
 
 class _Unstorable(Exception):

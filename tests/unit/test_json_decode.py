@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from durable_sessions import state
 from durable_sessions.state import loads_json
-from support.json_values import BEYOND_64_BITS, same
+from support.json_values import same, values
 
 
 def outcome(decode: Any, text: str) -> tuple[Any, ...]:
@@ -34,22 +34,6 @@ def check(text: str) -> None:
         assert ours[1:] == theirs[1:]
 
 
-# Every character, lone surrogates too (json.dumps escapes them; json.loads reads them back).
-any_char = st.characters(exclude_categories=())
-keys = st.text(any_char, max_size=8)
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.sampled_from(BEYOND_64_BITS)
-    | st.floats()  # NaN and infinities included: json.dumps writes them, json.loads reads them
-    | st.text(any_char, max_size=20)
-)
-values = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(keys, inner, max_size=6),
-    max_leaves=40,
-)
 # Numbers as written by anyone: long mantissas, exponents past the float range, -0.
 numbers = st.from_regex(
     r"-?(0|[1-9][0-9]{0,30})(\.[0-9]{1,30})?([eE][+-]?[0-9]{1,4})?", fullmatch=True

@@ -18,24 +18,7 @@ from hypothesis import strategies as st
 
 from durable_sessions import InvalidStateError, state
 from durable_sessions.state import MAX_DEPTH, checked_copy, copy_json, to_json, validate_value
-from support.json_values import BEYOND_64_BITS, same
-
-any_char = st.characters(exclude_categories=())  # lone surrogates and NUL included
-keys = st.text(any_char, max_size=8)
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.sampled_from(BEYOND_64_BITS)
-    | st.floats()  # NaN, infinities, -0.0 and integral floats (1e16) included
-    | st.sampled_from([1e16, -0.0, 1e-7, 1.5e300, 2.0**70, 5e-324, 0.1])
-    | st.text(any_char, max_size=20)
-)
-values = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(keys, inner, max_size=6),
-    max_leaves=40,
-)
+from support.json_values import same, values
 
 
 def stdlib_to_json(value: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:

@@ -509,11 +509,19 @@ def _encode(value: Any) -> str:
     if isinstance(value, float) and _is_exponent_integral(value):
         return f"{int(value)}.0"  # int(-0.0) == 0
     if isinstance(value, dict):
-        items = (json.dumps(k, ensure_ascii=False) + ":" + _encode(v) for k, v in value.items())
+        items = (_key(k) + ":" + _encode(v) for k, v in value.items())
         return "{" + ",".join(items) + "}"
     if isinstance(value, list):
         return "[" + ",".join(_encode(v) for v in value) + "]"
     return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _key(key: Any) -> str:
+    """An object key as the json module writes it (an int, float, bool or None key becomes
+    its JSON text in quotes, anything else but a str is a TypeError)."""
+    if isinstance(key, str):
+        return json.dumps(key, ensure_ascii=False)
+    return _COMPACT.encode({key: 0})[1:-3]
 
 
 def _digits(value: int) -> str:

@@ -166,3 +166,27 @@ def test_checked_copy_shares_no_container_with_the_value() -> None:
     value["a"][1].append(2)
     value["d"]["e"].append(3)
     assert copied == {"a": [{"b": "c"}, [1.5, 0.0]], "d": {"e": []}}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {0: 1e16},
+        {1.5: [2.0], True: 1e16, None: {"k": 3.0}},
+        {float("inf"): 1e16},
+        {(1, 2): 1e16},
+    ],
+    ids=["int key", "float, bool and None keys", "infinite key", "tuple key"],
+)
+def test_keys_that_are_not_str_beside_an_integral_float_are_written_as_json_writes_them(
+    value: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The integral-float path writes each key itself; validation refuses such keys before
+    # any write, but to_json alone must still give JSON or the json module's error.
+    ours = outcome(to_json, value)
+    expected = outcome(lambda v: json.dumps(v, ensure_ascii=False, allow_nan=False), value)
+    assert ours[0] == expected[0], (ours, expected)
+    if ours[0] == "text":
+        assert same(json.loads(ours[1]), json.loads(expected[1])), (ours, expected)
+    else:
+        assert ours[1] is expected[1]

@@ -13,13 +13,16 @@ SQL (the Alembic revision that adds them holds frozen copies of the tables below
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
     "FOLD_FROM",
     "FOLD_TO",
+    "MAX_POSITIONS",
     "MAX_QUERY",
+    "MAX_REPEATS",
     "MAX_TEXT",
     "MAX_WORD",
     "SQLITE_SEPARATORS",
@@ -28,6 +31,7 @@ __all__ = [
     "fold",
     "parse_ranges",
     "query_words",
+    "search_vector",
     "snippet",
     "term_count",
     "words",
@@ -211,9 +215,41 @@ def event_text(content: Any) -> str:
     return " ".join(_strings(content))[:MAX_TEXT]
 
 
+_ASCII_WORD = re.compile("[0-9a-z]+")
+"""The words of an ASCII text once lowercased: its word characters are 0-9, A-Z and a-z,
+and folding it is lowercasing it."""
+
+
 def words(text: str) -> list[str]:
     """The words of ``text``, case folded, in order (repeats kept)."""
+    if text.isascii():
+        return [w for w in _ASCII_WORD.findall(text.lower()) if len(w) <= MAX_WORD]
     return [w for w in _WORD.findall(fold(text)) if len(w) <= MAX_WORD]
+
+
+MAX_POSITIONS = 16_382
+"""The most words whose positions a vector keeps (a tsvector's positions stop at 16,383)."""
+MAX_REPEATS = 255
+"""The most positions a vector keeps of one word: with a word repeated more often it keeps
+no positions at all (a search then counts the words of the content itself)."""
+
+
+def search_vector(content: Any) -> str:
+    """An event content's Postgres ``tsvector``, as its text: each word of the content's
+    text (``words`` of ``event_text``) with its positions, from 1; past ``MAX_POSITIONS``
+    words, or with a word repeated more than ``MAX_REPEATS`` times, the words without
+    positions.
+
+    The vector revision 0003's ``ds_search_vector`` gives the same text (a content's strings
+    are taken here in the order its objects hold their keys, there in ``jsonb``'s; the two
+    differ only past ``MAX_TEXT`` characters, where each cuts its own text). Writes send it
+    (revision 0008), so that Postgres does not compute it for every event.
+    """
+    found = words(event_text(content))
+    n = len(found)
+    if n <= MAX_REPEATS or (n <= MAX_POSITIONS and max(Counter(found).values()) <= MAX_REPEATS):
+        return " ".join([f"'{word}':{place}" for place, word in enumerate(found, 1)])
+    return " ".join([f"'{word}'" for word in dict.fromkeys(found)])
 
 
 def query_words(text: str) -> list[str]:

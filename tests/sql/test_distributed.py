@@ -26,6 +26,7 @@ from sqlalchemy.sql import Executable
 
 from durable_sessions import Event, Filter, InvalidArgumentError, Manager, SQLStore
 from durable_sessions.sql.citus import (
+    GENERATED_VECTOR,
     SETTING,
     DistributedStatements,
     detect_distributed,
@@ -232,13 +233,24 @@ async def test_the_mode_is_decided_once_on_first_use(backend: str, engine: Async
 
 
 @pytest.mark.parametrize("backend", [PG_DISTRIBUTED])
-async def test_an_explicit_mode_wins_and_asks_nothing(engine: AsyncEngine) -> None:
+async def test_an_explicit_mode_wins(engine: AsyncEngine) -> None:
     store = SQLStore(engine, distributed=False)  # on a database whose setting is on
     assert store.distributed is False
     with statements(engine) as ran:
         await Manager(store).create("org", "alice")
-    assert not any("pg_extension" in sql for sql, _ in ran)
-    assert data_statements(ran)[0].startswith("WITH")
+    # It still reads the schema once (the kind of search vector column), not the mode.
+    assert store.distributed is False
+    written = [sql for sql in data_statements(ran) if "pg_attribute" not in sql]
+    assert written[0].startswith("WITH")
+
+
+@pytest.mark.parametrize("backend", [PG_DISTRIBUTED])
+async def test_an_explicit_distributed_mode_asks_nothing(engine: AsyncEngine) -> None:
+    store = SQLStore(engine, distributed=True)
+    assert store.distributed is True
+    with statements(engine) as ran:
+        await Manager(store).create("org", "alice")
+    assert not any("pg_extension" in sql or "pg_attribute" in sql for sql, _ in ran)
 
 
 @pytest.mark.postgres
@@ -373,11 +385,13 @@ def test_the_recipe_distributes_every_table_of_the_schema_sessions_first() -> No
     from durable_sessions.sql.citus import distribution_sql
 
     recipe = distribution_sql()
-    named = [re.search(r"create_distributed_table\('(\w+)', 'org_id'", s)[1] for s in recipe]  # type: ignore[index]
+    assert recipe[: len(GENERATED_VECTOR)] == GENERATED_VECTOR  # before any distribution
+    distributing = recipe[len(GENERATED_VECTOR) :]
+    named = [re.search(r"create_distributed_table\('(\w+)', 'org_id'", s)[1] for s in distributing]  # type: ignore[index]
     assert named[0] == "ds_sessions"
     assert sorted(named) == sorted(t.name for t in metadata.sorted_tables)
     assert VERSION_TABLE not in " ".join(recipe)  # Alembic's table stays local
-    for statement in recipe[1:]:
+    for statement in distributing[1:]:
         assert statement.endswith("colocate_with => 'ds_sessions');")
 
 
@@ -389,6 +403,8 @@ CREATE FUNCTION create_distributed_table(
 BEGIN
     PERFORM 1 FROM pg_attribute WHERE attrelid = table_name AND attname = distribution_column;
     IF NOT FOUND THEN RAISE EXCEPTION 'no column % in %', distribution_column, table_name; END IF;
+    PERFORM 1 FROM pg_trigger WHERE tgrelid = table_name AND NOT tgisinternal;
+    IF FOUND THEN RAISE EXCEPTION 'cannot distribute % because it has triggers', table_name; END IF;
     IF colocate_with <> 'default' AND NOT EXISTS (
         SELECT 1 FROM distributed_log WHERE relation = colocate_with
     ) THEN
@@ -425,6 +441,25 @@ async def test_the_recipe_runs_on_a_migrated_database(fresh_pg_url: Any) -> None
                 " AND tablename <> 'distributed_log'"
             )
         }
-    assert done == [re.search(r"'(\w+)'", s)[1] for s in distribution_sql()]  # type: ignore[index]
+        generated = await conn.fetchval(
+            "SELECT attgenerated::text FROM pg_attribute WHERE attrelid = 'ds_events'::regclass"
+            " AND attname = 'search_vector' AND NOT attisdropped"
+        )
+    distributing = distribution_sql()[len(GENERATED_VECTOR) :]
+    assert done == [re.search(r"'(\w+)'", s)[1] for s in distributing]  # type: ignore[index]
     assert done[0] == "ds_sessions"
     assert set(done) == made - {VERSION_TABLE}
+    assert generated == "s"  # computed by Postgres again, as distributed mode wants
+    engine = create_async_engine(url)
+    try:  # distributed mode writes events there, and finds them
+        store = SQLStore(engine, distributed=True)
+        await Manager(store).create("org", "alice", id="s")
+        await store.append_event("org", "s", Event("user", content={"text": "found ALONE"}))
+        await store.append_events("org", "s", [Event("user", content="found in a batch")])
+        await store.fork("org", "s", new_session_id="f", with_events=True)
+        hits = await store.search("org", "found")
+        assert sorted((h.session_id, h.event.seq) for h in hits) == [
+            ("f", 1), ("f", 2), ("s", 1), ("s", 2)
+        ]  # fmt: skip
+    finally:
+        await engine.dispose()

@@ -137,7 +137,7 @@ def test_script_location_and_head() -> None:
     assert (location / "env.py").is_file()
     assert (location / "script.py.mako").is_file()
     assert (location / "versions" / "0001_initial.py").is_file()
-    assert head() == "0007"
+    assert head() == "0008"
 
 
 def test_revisions_are_frozen_snapshots() -> None:
@@ -535,5 +535,85 @@ async def test_the_collation_revision_leaves_a_citus_distribution_column_alone(
         assert {v for k, v in after.items() if k not in fixed} == {"C"}
         await downgrade(engine, "0003")
         assert await collations() == before
+    finally:
+        await engine.dispose()
+
+
+async def _vectors(engine: AsyncEngine) -> dict[tuple[str, int], tuple[str | None, bool]]:
+    """Each event's stored search vector, and whether it is the one Postgres computes."""
+    async with engine.connect() as conn:
+        rows = await conn.exec_driver_sql(
+            "SELECT session_id, seq, search_vector::text, "
+            "search_vector IS NOT DISTINCT FROM ds_search_vector(content::jsonb) FROM ds_events"
+        )
+        return {(s, seq): (vector, same) for s, seq, vector, same in rows}
+
+
+async def _generated(engine: AsyncEngine) -> str:
+    async with engine.connect() as conn:
+        found = await conn.exec_driver_sql(
+            "SELECT attgenerated::text FROM pg_attribute WHERE attrelid = 'ds_events'::regclass "
+            "AND attname = 'search_vector' AND NOT attisdropped"
+        )
+        return str(found.scalar_one())
+
+
+@pytest.mark.postgres
+async def test_revision_0008_keeps_the_vectors_and_the_writes_send_them(
+    fresh_pg_url: Callable[[], str],
+) -> None:
+    """0008 makes the search vector a plain column (no vector is recomputed); the store's
+    writes then send each event's vector (checked with the trigger off), the trigger fills
+    one for a writer that sends none (a store that looked at 0007, raw SQL), and a store
+    that sends them after a downgrade looks again and writes as the older schema wants."""
+    engine = create_async_engine(fresh_pg_url())
+    try:
+        await upgrade(engine, "0007")
+        older = SQLStore(engine)  # looks at 0007: a generated column, it sends nothing
+        await Manager(older).create("org", "u", id="s")
+        await older.append_event("org", "s", Event("user", content={"text": "Stored BEFORE"}))
+        before = await _vectors(engine)
+        assert await _generated(engine) == "s"
+
+        await upgrade(engine)
+        assert await _generated(engine) == ""
+        assert await _vectors(engine) == before  # kept, not computed again
+
+        store = SQLStore(engine)
+        async with engine.begin() as conn:  # prove the store sends them: no trigger
+            await conn.exec_driver_sql("ALTER TABLE ds_events DISABLE TRIGGER USER")
+        await store.append_event("org", "s", Event("user", content={"text": "sent ALONE"}))
+        await store.append_events(
+            "org", "s", [Event("user", content="sent in a batch"), Event("a", content=["x y"])]
+        )
+        await store.fork("org", "s", new_session_id="f", with_events=True)
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("ALTER TABLE ds_events ENABLE TRIGGER USER")
+        await older.append_event("org", "s", Event("user", content={"t": "older writer"}))
+        async with engine.begin() as conn:  # a raw insert, as a release before 0008 makes
+            await conn.exec_driver_sql(
+                "INSERT INTO ds_events (org_id, session_id, seq, id, author, invocation_id, "
+                "content, state_delta, tokens, timestamp) VALUES ('org', 'f', 99, 'raw', 'u', "
+                "'', '{\"text\": \"raw insert\"}', '{}', 0, now())"
+            )
+        vectors = await _vectors(engine)
+        assert len(vectors) == 10
+        assert all(vector is not None and same for vector, same in vectors.values()), vectors
+        assert [h.event.seq for h in await store.search("org", "sent", session_id="s")] == [3, 2]
+        assert [h.session_id for h in await store.search("org", "raw")] == ["f"]
+        assert len(await store.search("org", "stored")) == 2  # the parent's and the fork's
+
+        await downgrade(engine, "0007")
+        assert await _generated(engine) == "s"
+        assert await _vectors(engine) == vectors
+        await store.append_event("org", "s", Event("user", content={"text": "after DOWN"}))
+        await store.append_events("org", "s", [Event("user", content="down batch")])
+        assert store.distributed is False
+        assert [h.event.seq for h in await store.search("org", "down")] == [7, 6]
+
+        await upgrade(engine)
+        await store.append_event("org", "s", Event("user", content={"text": "up again"}))
+        assert all(same for _, same in (await _vectors(engine)).values())
+        assert len(await store.search("org", "again")) == 1
     finally:
         await engine.dispose()

@@ -130,3 +130,43 @@ async def test_revision_0006_agrees_with_0003_on_words_vectors_and_queries(
             await conn.rollback()
     finally:
         await engine.dispose()
+
+
+def _jsonb_order(value: Any) -> Any:
+    """``value`` with every object's keys in the order ``jsonb`` keeps them (shorter keys
+    first, then by their bytes), which is the order ``ds_search_text`` reads them in."""
+    if isinstance(value, dict):
+        ordered = sorted(value, key=lambda k: (len(k.encode()), k.encode()))
+        return {k: _jsonb_order(value[k]) for k in ordered}
+    if isinstance(value, list):
+        return [_jsonb_order(v) for v in value]
+    return value
+
+
+async def test_the_vector_a_write_sends_is_the_one_postgres_computes(
+    migrated_pg_url: str,
+) -> None:
+    """``fulltext.search_vector``, which the writes send (revision 0008), gives for every
+    content of the corpus exactly the vector of ``ds_search_vector``, which computed it
+    before and still does for an insert that sends none; its branches are all reached."""
+    from durable_sessions.fulltext import search_vector
+
+    contents = [_jsonb_order(c) for c in _contents(_texts())]
+    sent = [search_vector(c) for c in contents]
+    engine = create_async_engine(migrated_pg_url)
+    try:
+        async with engine.connect() as conn:
+            differing = await conn.execute(
+                text(
+                    "SELECT i, c FROM unnest(CAST(:cs AS jsonb[]), CAST(:vs AS text[])) "
+                    "WITH ORDINALITY AS u(c, v, i) "
+                    "WHERE CAST(v AS tsvector) IS DISTINCT FROM ds_search_vector(c)"
+                ),
+                {"cs": [json.dumps(c) for c in contents], "vs": sent},
+            )
+            assert [str(row.c)[:80] for row in differing] == []
+    finally:
+        await engine.dispose()
+    assert "" in sent  # no words
+    assert any(":" not in v and v for v in sent)  # positions dropped (a word 256 times)
+    assert max(v.count("'") // 2 for v in sent) > 16_382  # past the positions kept

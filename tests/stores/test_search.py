@@ -10,6 +10,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -70,6 +72,15 @@ def test_words_event_text_and_snippets() -> None:
     line = fulltext.snippet({"text": "word " * 50 + "needle in a haystack"}, "NEEDLE")
     assert "needle in a haystack" in line
     assert line.startswith("…")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(max_codepoint=0x7F), max_size=600))
+@example("a" * 255 + " " + "b" * 256 + "_C9z")
+def test_an_ascii_text_has_the_words_of_the_general_rule(ascii_text: str) -> None:
+    # words() takes a shortcut for ASCII: lowercasing folds it, [0-9a-z] are its letters.
+    folded = fulltext.fold(ascii_text)
+    assert fulltext.words(ascii_text) == [w for w in fulltext._WORD.findall(folded) if len(w) <= 255]
 
 
 def test_sqlite_splits_every_character_as_fulltext_does() -> None:
@@ -250,3 +261,47 @@ async def test_search_is_one_statement_served_by_the_full_text_index(
         assert "SCAN ds_events_fts VIRTUAL TABLE INDEX" in details, details
         assert "ds_events_fts_rowid USING INTEGER PRIMARY KEY" in details, details
         assert "ds_events USING INDEX sqlite_autoindex_ds_events_1" in details, details
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("ctype", ["C", "C.UTF-8"])
+async def test_vectors_are_sent_only_to_a_database_that_folds_as_fulltext_does(
+    pg_base_url: str, ctype: str
+) -> None:
+    """A write sends its events' search vectors, folded as ``fulltext.fold`` folds, only where
+    the database's ``lower()`` folds alike (a search's words are folded there): under the
+    "C" locale (ASCII only) Postgres computes them, so that a search for a non-ASCII
+    capital finds the same capital, as before revision 0008."""
+    from sqlalchemy import make_url
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from conftest import _run_admin, drop_pg_database
+
+    name = f"ds_test_fold_{ctype.replace('.', '_').replace('-', '_').lower()}"
+    _run_admin(pg_base_url, f'DROP DATABASE IF EXISTS "{name}"')
+    _run_admin(
+        pg_base_url,
+        f"CREATE DATABASE \"{name}\" TEMPLATE template0 ENCODING 'UTF8' "
+        f"LC_COLLATE '{ctype}' LC_CTYPE '{ctype}'",
+    )
+    url = make_url(pg_base_url).set(database=name).render_as_string(hide_password=False)
+    engine = create_async_engine(url)
+    try:
+        store = SQLStore(engine)
+        await store.migrate()
+        await Manager(store).create("org", "u", id="s")
+        async with engine.begin() as conn:  # with no trigger, only a sent vector is stored
+            await conn.exec_driver_sql("ALTER TABLE ds_events DISABLE TRIGGER USER")
+        await store.append_event("org", "s", Event("user", content="ÉCOLE ouverte"))
+        async with engine.connect() as conn:
+            sent = (await conn.exec_driver_sql("SELECT search_vector FROM ds_events")).scalar()
+        assert (sent is not None) is (ctype != "C")
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("ALTER TABLE ds_events ENABLE TRIGGER USER")
+            await conn.exec_driver_sql("DELETE FROM ds_events")
+        await store.append_event("org", "s", Event("user", content="ÉCOLE ouverte"))
+        assert [h.event.content for h in await store.search("org", "ÉCOLE")] == ["ÉCOLE ouverte"]
+        assert len(await store.search("org", "OUVERTE")) == 1
+    finally:
+        await engine.dispose()
+        drop_pg_database(pg_base_url, url)

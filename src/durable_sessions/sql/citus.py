@@ -20,11 +20,27 @@ otherwise. ``distribution_sql()`` returns the statements that distribute a migra
 
 from __future__ import annotations
 
-from sqlalchemy import Text, and_, bindparam, column, exists, func, literal, select, table, true
+from typing import Any, NamedTuple
+
+from sqlalchemy import (
+    Boolean,
+    Text,
+    and_,
+    bindparam,
+    column,
+    exists,
+    false,
+    func,
+    literal,
+    select,
+    table,
+    true,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ColumnElement
 
 from ..errors import InvalidArgumentError
+from ..fulltext import fold
 from .compiled import Compiled, compile_statement
 from .dialect import DialectOps
 from .postgres import PostgresReads, PostgresShapes
@@ -33,10 +49,13 @@ from .schema import metadata, sessions
 from .stepwise import StepwisePrograms, StepwiseStatements
 
 __all__ = [
+    "GENERATED_VECTOR",
     "SETTING",
     "DistributedPrograms",
     "DistributedStatements",
+    "Schema",
     "detect_distributed",
+    "detect_schema",
     "distribution_sql",
 ]
 
@@ -72,7 +91,59 @@ def _detect_statement(dialect: Dialect) -> Compiled:
         select(literal(1)).select_from(extension).where(extension.c.extname == "citus")
     )
     setting = func.current_setting(literal(SETTING, Text), true(), type_=Text)
-    return compile_statement(select(has_citus.label("citus"), setting.label("setting")), dialect)
+    # ds_events.search_vector: plain (revision 0008: writes send vectors), generated, or
+    # NULL (no such table or column).
+    attribute = table(
+        "pg_attribute",
+        column("attrelid"),
+        column("attname", Text),
+        column("attgenerated", Text),
+        column("attisdropped", Boolean),
+    )
+    plain = (
+        select(attribute.c.attgenerated == literal("", Text))
+        .where(
+            attribute.c.attrelid == func.to_regclass(literal("ds_events", Text)),
+            attribute.c.attname == literal("search_vector", Text),
+            attribute.c.attisdropped.is_(false()),
+        )
+        .scalar_subquery()
+    )
+    # The database folds case as fulltext.fold does (a UTF-8 locale; not "C", nor Turkish).
+    folds = func.lower(literal(FOLD_PROBE, Text)) == literal(fold(FOLD_PROBE), Text)
+    query = select(
+        has_citus.label("citus"), setting.label("setting"), (plain & folds).label("vectors")
+    )
+    return compile_statement(query, dialect)
+
+
+FOLD_PROBE = "I\u00c9\u03a3\u0130"
+"""Capitals that a database's ``lower()`` folds as ``fulltext.fold`` only under a UTF-8
+locale that is not Turkish: "C" leaves all but ``I`` as they are, Turkish makes ``I``
+dotless."""
+
+
+class Schema(NamedTuple):
+    """What a Postgres database asks of a store (``detect_schema``)."""
+
+    distributed: bool
+    """Whether to run in distributed mode (``detect_distributed``)."""
+    vectors: bool | None
+    """Whether writes send each event's search vector: ``ds_events.search_vector`` is a
+    plain column (revision 0008) and the database folds case as ``fulltext.fold`` does, so
+    that a vector computed here matches the words ``ds_search_words`` makes of a search.
+    False for a generated column, or another folding (the trigger computes the vectors
+    then); None without the table or the column."""
+
+
+def detect_schema(dialect: Dialect) -> Program[Schema]:
+    """The mode a Postgres database wants and its kind of search vector, in one statement.
+
+    Raises:
+        InvalidArgumentError: the setting ``SETTING`` is neither on nor off.
+    """
+    row = (yield Query(_detect_statement(dialect))).first()
+    return Schema(_wants_distributed(row), row.vectors)
 
 
 def detect_distributed(dialect: Dialect) -> Program[bool]:
@@ -83,6 +154,10 @@ def detect_distributed(dialect: Dialect) -> Program[bool]:
         InvalidArgumentError: the setting is neither on nor off.
     """
     row = (yield Query(_detect_statement(dialect))).first()
+    return _wants_distributed(row)
+
+
+def _wants_distributed(row: Any) -> bool:
     setting = (row.setting or "").strip().lower()
     if setting in _ON:
         return True
@@ -98,17 +173,30 @@ def make_distributed(ops: DialectOps, dialect: Dialect) -> DistributedPrograms:
     return DistributedPrograms(DistributedStatements(ops, dialect))
 
 
+GENERATED_VECTOR = [
+    "DROP TRIGGER IF EXISTS ds_events_search_vector ON ds_events;",
+    "ALTER TABLE ds_events DROP COLUMN search_vector;",
+    "ALTER TABLE ds_events ADD COLUMN search_vector tsvector"
+    " GENERATED ALWAYS AS (ds_search_vector(content::jsonb)) STORED;",
+    "CREATE INDEX ix_ds_events_search ON ds_events USING gin (search_vector);",
+]
+"""Put ``ds_events.search_vector`` back as the generated column of revisions 0003 to 0007:
+since revision 0008 a trigger fills it for the inserts that send no vector, and Citus runs
+no trigger on a distributed table. Distributed mode's writes send no vector."""
+
+
 def distribution_sql() -> list[str]:
     """The statements that distribute a migrated schema on Citus, in the order to run them.
 
     Run them on the coordinator, once, after ``migrate`` has created the tables there (as
-    local tables): ``ds_sessions`` first, distributed by ``org_id``, then every other table
+    local tables): first ``GENERATED_VECTOR`` (the search vector computed by Postgres, not
+    by a trigger), then ``ds_sessions``, distributed by ``org_id``, then every other table
     of the schema colocated with it (``ds_events`` references it). Alembic's version table
     (``durable_sessions_alembic_version``) stays a local table of the coordinator.
     """
     first = sessions.name
     others = sorted(t.name for t in metadata.sorted_tables if t.name != first)
-    statements = [f"SELECT create_distributed_table('{first}', 'org_id');"]
+    statements = [*GENERATED_VECTOR, f"SELECT create_distributed_table('{first}', 'org_id');"]
     statements += [
         f"SELECT create_distributed_table('{name}', 'org_id', colocate_with => '{first}');"
         for name in others

@@ -20,16 +20,19 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     select,
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSON, JSONB, aggregate_order_by
+from sqlalchemy import table as table_clause
+from sqlalchemy.dialects.postgresql import JSON, JSONB, TSVECTOR, aggregate_order_by
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
 from ..errors import SessionExistsError, SessionNotFoundError, StaleSessionError
+from ..fulltext import search_vector
 from ..model import Event, Session
 from ..prepare import FORKED_FROM
 from ..state import ScopedDelta
@@ -58,6 +61,17 @@ from .statements import (
 )
 
 __all__ = ["PostgresPrograms", "PostgresReads", "PostgresShapes", "PostgresStatements"]
+
+VECTOR = "search_vector"
+"""``ds_events``'s search vector column (Postgres; Alembic's, not in the metadata)."""
+EVENTS_WITH_VECTOR = table_clause(
+    events.name, *[column(col.name, col.type) for col in events.c], column(VECTOR, TSVECTOR)
+)
+"""``ds_events`` with its search vector column, for the inserts that send one."""
+SENT_VECTOR = cast(bindparam("e_search_vector", type_=Text), TSVECTOR)
+"""An appended event's vector, sent as text (``fulltext.search_vector``)."""
+STORED_VECTOR = literal_column(f"{events.name}.{VECTOR}", type_=TSVECTOR)
+"""A stored event's vector (copied by a fork)."""
 
 Scopes = tuple[bool, bool, bool, bool]
 """Which shared writes a statement makes: user keys set, app keys set, user keys deleted,
@@ -165,14 +179,32 @@ class PostgresShapes(Statements):
 
 
 class PostgresStatements(PostgresShapes):
-    """Postgres's statements: whole operations as one statement each (data-modifying CTEs)."""
+    """Postgres's statements: whole operations as one statement each (data-modifying CTEs).
 
-    def __init__(self, ops: DialectOps, dialect: Dialect) -> None:
+    With ``vectors`` (``ds_events.search_vector`` is a plain column, revision 0008), the
+    writes of events send each event's search vector (``e_search_vector``, and a batch's
+    ``search_vector``; ``fulltext.search_vector``) and a fork copies the parent's; without
+    (a generated column, revisions 0003 to 0007, or no column), Postgres computes them.
+    """
+
+    def __init__(self, ops: DialectOps, dialect: Dialect, *, vectors: bool = True) -> None:
+        self.vectors = vectors
         super().__init__(ops, dialect)
         c = self.compile
         self.pg_fork = c(self._pg_fork())
         self.pg_truncate = c(self._pg_truncate())
         self.pg_pop = c(self._pg_truncate(pop=True))
+
+    @property
+    def _events(self) -> Any:
+        """The table events are inserted into: with the search vector column, or without."""
+        return EVENTS_WITH_VECTOR if self.vectors else events
+
+    @property
+    def _event_names(self) -> builtins.list[str]:
+        """The columns an insert of events fills, in the order its rows give them."""
+        names = ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]]
+        return [*names, VECTOR] if self.vectors else names
 
     # -- writes with shared changes: one statement per set of scopes written ----------------
 
@@ -213,9 +245,9 @@ class PostgresStatements(PostgresShapes):
             bindparam("v_tokens"),
             bindparam("e_timestamp", type_=UTCDateTime),
         ).select_from(moved)
-        added = insert(events).from_select(
-            ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], event_row
-        )
+        if self.vectors:
+            event_row = event_row.add_columns(SENT_VECTOR)
+        added = insert(self._events).from_select(self._event_names, event_row)
         # Event deltas only set keys, so the append needs no deletes.
         writes = self._shared_writes(moved, scopes, deletes=False)
         return select(moved.c.event_seq).add_cte(added.cte("added"), *writes)
@@ -322,9 +354,9 @@ class PostgresStatements(PostgresShapes):
         transcript = select(events.c.org_id, child.c.id, *EVENT_COLUMNS).where(
             EVENTS_KEY, with_events, events.c.org_id == child.c.org_id
         )
-        copied = insert(events).from_select(
-            ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], transcript
-        )
+        if self.vectors:  # the parent's vectors, as they are
+            transcript = transcript.add_columns(STORED_VECTOR)
+        copied = insert(self._events).from_select(self._event_names, transcript)
         return select(
             *[child.c[col.name] for col in META],
             child.c.state,
@@ -343,10 +375,12 @@ class PostgresStatements(PostgresShapes):
         moved = self.append_many(merge=True).cte("moved")
         # One parse of the batch into the columns' own types; a json column keeps its value's
         # text as the batch gives it, so a content is stored as written (as a single append).
-        carried = [col for col in EVENT_COLUMNS if col.name != "seq"]  # seq: from n
+        carried = [column(c.name, c.type) for c in EVENT_COLUMNS if c.name != "seq"]  # seq: n
+        if self.vectors:
+            carried.append(column(VECTOR, TSVECTOR))
         batch = (
             func.json_to_recordset(bindparam("v_batch", type_=JSONDocument))
-            .table_valued(column("n", BigInteger), *[column(c.name, c.type) for c in carried])
+            .table_valued(column("n", BigInteger), *carried)
             .render_derived(with_types=True)
         )
         rows = (
@@ -359,9 +393,7 @@ class PostgresStatements(PostgresShapes):
             .select_from(moved)
             .join(batch, true())
         )
-        added = insert(events).from_select(
-            ["org_id", "session_id", *[col.name for col in EVENT_COLUMNS]], rows
-        )
+        added = insert(self._events).from_select(self._event_names, rows)
         writes = self._shared_writes(moved, scopes, deletes=False)
         return select(moved.c.event_seq).add_cte(added.cte("added"), *writes)
 
@@ -502,6 +534,8 @@ class PostgresPrograms(PostgresReads):
             e_invocation_id=stored.invocation_id, e_content=stored.content,
             e_state_delta=stored.state_delta, e_timestamp=stored.timestamp,
         )  # fmt: skip
+        if self.q.vectors:
+            params["e_search_vector"] = search_vector(stored.content)
         return Job(self._append(self.q.writing("append", delta), params), "atomic")
 
     def _append(self, stmt: Compiled, params: dict[str, Any]) -> Program[int]:
@@ -515,12 +549,15 @@ class PostgresPrograms(PostgresReads):
     ) -> Job[int]:
         params.update(shared_params(delta))
         params["v_private_delta"] = delta.private_set
-        params["v_batch"] = [
+        batch = params["v_batch"] = [
             {"n": n, "id": e.id, "author": e.author, "invocation_id": e.invocation_id,
              "content": e.content, "state_delta": e.state_delta, "tokens": e.tokens,
              "timestamp": e.timestamp.isoformat()}
             for n, e in enumerate(stored, 1)
         ]  # fmt: skip
+        if self.q.vectors:
+            for row, event in zip(batch, stored, strict=True):
+                row[VECTOR] = search_vector(event.content)
         return Job(self._append_many(self.q.writing("append_many", delta), params), "atomic")
 
     def _append_many(self, stmt: Compiled, params: dict[str, Any]) -> Program[int]:

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import builtins
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from ..errors import DeletionIncompleteError, InvalidArgumentError, StoreError
+from ..errors import (
+    DeletionIncompleteError,
+    InvalidArgumentError,
+    SchemaNotMigratedError,
+    StoreError,
+)
 from ..model import Event, Filter, Page, SearchHit, Session, new_id, utcnow
 from ..prepare import (
     check_delete,
@@ -39,7 +45,7 @@ from ..prepare import (
 )
 from ..state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, scope_of, validate_id
 from ..store import check_after_seq
-from .citus import detect_distributed, make_distributed
+from .citus import detect_schema, make_distributed
 from .dialect import dialect_ops, install_sqlite_pragmas
 from .postgres import PostgresPrograms, PostgresStatements
 from .programs import (
@@ -137,15 +143,22 @@ class SQLStore:
         self._ops = ops
         self._chosen: Programs | None = None
         self._distributed: bool | None = None
+        # Postgres: whether writes send search vectors (revision 0008's plain column); None
+        # until the first operation asks the database, with the mode (``_ready``).
+        self._vectors: bool | None = None
+        self._wanted = distributed
         if ops.is_postgres:
-            if distributed is not None:
-                self._choose(distributed)
+            self._distributed = distributed
+            if distributed:  # its writes never send vectors: nothing to ask
+                self._choose(True, vectors=False)
+                self._vectors = False
         elif distributed:
             raise InvalidArgumentError("distributed mode is for Postgres (Citus), not SQLite")
         else:
             install_sqlite_pragmas(engine.sync_engine, int(busy_timeout * 1000))
             self._chosen = SQLitePrograms(SQLiteStatements(ops, engine.dialect))
             self._distributed = False
+            self._vectors = False
         self._runner = make_runner(engine)
 
     @classmethod
@@ -178,27 +191,33 @@ class SQLStore:
 
     @property
     def _programs(self) -> Programs:
-        if self._chosen is None:  # the mode is not decided yet (_ready): one Postgres's
-            self._chosen = PostgresPrograms(PostgresStatements(self._ops, self._engine.dialect))
+        if self._chosen is None:  # not decided yet (_ready): one Postgres's, sending no vector
+            self._choose(bool(self._distributed), vectors=False)
+            assert self._chosen is not None
         return self._chosen
 
     @property
     def _q(self) -> Statements:
         return self._programs.q
 
-    def _choose(self, distributed: bool) -> None:
-        if distributed:
-            self._chosen = make_distributed(self._ops, self._engine.dialect)
-        elif not isinstance(self._chosen, PostgresPrograms):
-            self._chosen = PostgresPrograms(PostgresStatements(self._ops, self._engine.dialect))
+    def _choose(self, distributed: bool, *, vectors: bool) -> None:
+        dialect = self._engine.dialect
+        if distributed:  # its writes never send vectors (see revision 0008)
+            self._chosen = make_distributed(self._ops, dialect)
+        else:
+            self._chosen = PostgresPrograms(PostgresStatements(self._ops, dialect, vectors=vectors))
         self._distributed = distributed
 
     async def _ready(self, operation: str) -> None:
-        """Decide the mode on first use, once (every operation awaits this before it
-        builds its program): Postgres with ``distributed=None`` asks the database."""
-        if self._distributed is None:
-            program = detect_distributed(self._engine.dialect)
-            self._choose(await self._runner.run(program, "read", operation))
+        """Decide on first use, once (every operation awaits this before it builds its
+        program): Postgres asks the database for the mode (unless ``distributed`` said
+        it) and whether ``ds_events.search_vector`` is a column writes fill."""
+        if self._vectors is None:
+            found = await self._runner.run(detect_schema(self._engine.dialect), "read", operation)
+            distributed = found.distributed if self._wanted is None else self._wanted
+            self._choose(distributed, vectors=bool(found.vectors))
+            # Without the table (not migrated yet) the next operation asks again.
+            self._vectors = found.vectors
 
     async def close(self) -> None:
         """Dispose the engine if this store created it (``from_url``); otherwise do nothing."""
@@ -210,9 +229,26 @@ class SQLStore:
         from ..migrate import upgrade  # Alembic is imported only when migrating
 
         await upgrade(self._engine, revision)
+        if self._ops.is_postgres:
+            self._vectors = None  # the next operation looks at the migrated schema again
 
     async def _run(self, job: Job[T], operation: str) -> T:
         return await self._runner.run(job.program, job.mode, operation)
+
+    async def _with_vectors(self, job: Callable[[], Job[T]], operation: str) -> T:
+        """Run a write of events; if it sent search vectors to a schema that no longer takes
+        them (downgraded below revision 0008 since the store looked), look again and run it
+        once more: the statement that failed wrote nothing."""
+        try:
+            return await self._run(job(), operation)
+        except SchemaNotMigratedError:
+            if not self._vectors:
+                raise
+            self._vectors = None
+            await self._ready(operation)
+            if self._vectors:
+                raise
+            return await self._run(job(), operation)
 
     # -- Store ---------------------------------------------------------------------------------
 
@@ -393,7 +429,9 @@ class SQLStore:
             "v_expected": expected_version, "v_incarnation": incarnation,
         }  # fmt: skip
         await self._ready("append_event")
-        stored.seq = await self._run(self._programs.append(params, stored, delta), "append_event")
+        stored.seq = await self._with_vectors(
+            lambda: self._programs.append(params, stored, delta), "append_event"
+        )
         return stored
 
     async def list_events(
@@ -460,7 +498,7 @@ class SQLStore:
             "v_with_events": with_events, "v_child_incarnation": incarnation,
         }  # fmt: skip
         await self._ready("fork")
-        return await self._run(self._programs.fork(params), "fork")
+        return await self._with_vectors(lambda: self._programs.fork(params), "fork")
 
     # -- retention -------------------------------------------------------------------------------
 
@@ -579,8 +617,9 @@ class SQLStore:
         params.update(
             v_count=len(stored), v_messages=len(stored), v_tokens=sum(e.tokens for e in stored)
         )
-        job = self._programs.append_many(params, stored, delta)
-        last = await self._run(job, "append_events")
+        last = await self._with_vectors(
+            lambda: self._programs.append_many(params, stored, delta), "append_events"
+        )
         for offset, event in enumerate(stored, start=last - len(stored) + 1):
             event.seq = offset
         return stored

@@ -109,7 +109,7 @@ def translate_error(
     cause = describe(orig)
     text = str(orig).lower()
     sqlstate = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
-    if sqlstate in ("42P01", "42703") or (
+    if sqlstate in ("42P01", "42703", "428C9") or (
         type(orig).__name__ in ("OperationalError", "ProgrammingError")
         and any(marker in text for marker in _MISSING_SCHEMA)
         and not sqlstate.startswith(_CONNECT_SQLSTATES)  # 3D000: the database does not exist

@@ -228,13 +228,13 @@ def _checked(value: object, depth: int, size: list[int]) -> Any:
         if problem is not None:
             raise _Unstorable(f"a string value {problem}")
         size[0] += 6 * len(value) + 2
-        return value
+        return value if type(value) is str else str.__str__(value)
     if isinstance(value, int):
         size[0] += _scan(value, depth)
-        return value
+        return value if type(value) is int else int.__index__(value)
     if isinstance(value, float):
         size[0] += _scan(value, depth)
-        return 0.0 if value == 0 else value  # -0.0 becomes 0.0, as copy_json does
+        return 0.0 if value == 0 else float.__float__(value)  # -0.0 becomes 0.0, as copy_json
     inner = depth < MAX_DEPTH  # whether an item may be checked without the depth test
     if isinstance(value, list):
         total = 2 + len(value)
@@ -260,6 +260,8 @@ def _checked(value: object, depth: int, size: list[int]) -> Any:
             if problem is not None:
                 raise _Unstorable(f"a nested key {problem}")
             total += 6 * len(k) + 4
+            if type(k) is not str:
+                k = str.__str__(k)
             if inner and type(item) is str:
                 if "\x00" in item or not item.isascii():
                     _check_string(item)
@@ -536,14 +538,30 @@ _SHARED_AS_IS = frozenset({str, int, bool, type(None)})
 
 
 def copy_json(value: Any) -> Any:
-    """Deep-copy a JSON value (much faster than ``copy.deepcopy`` for plain data)."""
+    """Deep-copy a JSON value (much faster than ``copy.deepcopy`` for plain data).
+
+    The copy holds plain types only, as every SQL backend gives them back: a subclass of
+    ``str``, ``int`` or ``float`` (a ``str`` or ``int`` enum, say) becomes its value.
+    """
     if isinstance(value, dict):
-        return {k: v if type(v) in _SHARED_AS_IS else copy_json(v) for k, v in value.items()}
+        return {
+            k if type(k) is str else _plain_key(k): v if type(v) in _SHARED_AS_IS else copy_json(v)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [v if type(v) in _SHARED_AS_IS else copy_json(v) for v in value]
-    if isinstance(value, float) and value == 0:
-        return 0.0  # -0.0 becomes 0.0, as every SQL backend stores it
+    if isinstance(value, float):
+        return 0.0 if value == 0 else float.__float__(value)  # -0.0 as SQL backends store it
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int.__index__(value)
     return value
+
+
+def _plain_key(key: Any) -> Any:
+    """A key of a plain type: a ``str`` subclass's value (anything else is left to refuse)."""
+    return str.__str__(key) if isinstance(key, str) else key
 
 
 def json_equal(a: Any, b: Any) -> bool:

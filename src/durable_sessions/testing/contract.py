@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -691,6 +692,45 @@ class StoreContract:
         (event,) = await store.list_events(ORG, session.id)
         assert event.content == content
         assert type(event.content) is type(content)
+
+    async def test_subclasses_of_str_int_and_float_come_back_as_plain_values(
+        self, manager: Manager, store: Store
+    ) -> None:
+        # Enums and other subclasses are stored as their values, and every store reads
+        # back plain str, int and float, as SQL does, in contents, deltas and state.
+        class Color(str, enum.Enum):
+            RED = "red"
+
+        class Level(enum.IntEnum):
+            HIGH = 3
+
+        class Ratio(float):
+            pass
+
+        given = {Color.RED: [Color.RED, Level.HIGH, Ratio(0.5), True], "n": {"k": Level.HIGH}}
+        plain = {"red": ["red", 3, 0.5, True], "n": {"k": 3}}
+
+        def types(value: Any) -> Any:
+            if isinstance(value, dict):
+                return {type(k).__name__ + k: types(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [types(v) for v in value]
+            return type(value).__name__
+
+        session = await manager.create(ORG, USER, state={"s": given})
+        await store.append_event(
+            ORG, session.id, Event(author="user", content=given, state_delta={"d": given})
+        )
+        await store.append_events(ORG, session.id, [Event(author="user", content=given)])
+        (popped,) = await store.truncate_events(ORG, session.id, after_seq=1)
+        (event,) = await store.list_events(ORG, session.id)
+        got = await manager.get(ORG, session.id)
+        read = [
+            event.content, event.state_delta["d"], popped.content, got.state["s"],
+            got.state["d"], *(await store.list_event_contents(ORG, session.id)),
+        ]  # fmt: skip
+        assert read == [plain] * 6
+        assert [types(value) for value in read] == [types(plain)] * 6
 
     @pytest.mark.parametrize("hours", [0, 2, -5, 5.5])
     async def test_event_timestamps_come_back_equal_and_in_utc(

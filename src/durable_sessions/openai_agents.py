@@ -40,8 +40,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from .context import current_org_id
-from .errors import SessionExistsError, SessionNotFoundError
+from .errors import InvalidArgumentError, SessionExistsError, SessionNotFoundError
 from .model import Event, Session, derive_title
+from .prepare import MAX_INCREMENT
 from .state import MAX_ID_BYTES, MAX_ID_LENGTH, validate_id
 from .store import Store, check_after_seq
 
@@ -56,28 +57,33 @@ _ASCII_AUTHOR = min(MAX_ID_LENGTH, MAX_ID_BYTES)
 
 
 def _author(item: Mapping[str, Any]) -> str:
-    """The event author of an item: its role (messages), else its type."""
+    """The event author of an item: its role (messages), else its type, where that is a
+    valid author (else ``"item"``: a role with a NUL is refused with the item's content)."""
     for key in ("role", "type"):
         value = item.get(key)
-        if type(value) is str and value.isascii() and 0 < len(value) <= _ASCII_AUTHOR:
-            return value  # the usual case, under both limits at once
         if (
-            isinstance(value, str)
-            and value
-            and len(value) <= MAX_ID_LENGTH
-            and len(value.encode("utf-8", "surrogatepass")) <= MAX_ID_BYTES
+            type(value) is str
+            and value.isascii()
+            and 0 < len(value) <= _ASCII_AUTHOR
+            and "\x00" not in value
         ):
-            return value
+            return value  # the usual case, under both limits at once
+        if isinstance(value, str) and value:
+            try:
+                return validate_id("author", value)
+            except InvalidArgumentError:
+                continue
     return _ITEM
 
 
 def _tokens(item: Mapping[str, Any]) -> int:
-    """The tokens an item reports in a ``usage`` of its own, else 0."""
+    """The tokens an item reports in a ``usage`` of its own (at most ``MAX_INCREMENT``, the
+    most one event counts), else 0."""
     usage = item.get("usage")
     if usage is not None and isinstance(usage, Mapping):
         total = usage.get("total_tokens")
         if isinstance(total, int) and not isinstance(total, bool) and total > 0:
-            return total
+            return min(total, MAX_INCREMENT)
     return 0
 
 
@@ -195,7 +201,13 @@ class DurableSession(SessionABC):
             return []
         if all(map(isinstance, contents, repeat(dict))):  # items only, as this adapter stores
             return contents
-        return [c if isinstance(c, dict) else _foreign_item(c) for c in contents]  # type: ignore[misc]
+        # Another writer's events among them: read the events, whose authors say the role
+        # of each one's message (as pop_item and rewind map them).
+        try:
+            events = await self.store.list_events(self._org(), self.session_id, limit=limit)
+        except SessionNotFoundError:
+            return []
+        return [_to_item(event) for event in events]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append items, all or nothing, in order and next to each other.

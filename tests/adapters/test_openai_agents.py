@@ -118,6 +118,55 @@ async def test_a_bad_item_is_refused_and_nothing_of_its_batch_is_stored(store: S
         DurableSession("", store)
 
 
+async def test_an_item_the_store_cannot_take_is_invalid_state_whatever_field_holds_it(
+    store: Store,
+) -> None:
+    # A NUL or a lone surrogate in the role or type is refused as the item's content is:
+    # InvalidStateError, not an error about an "author" the caller never gave.
+    session = DurableSession("conv", store)
+    await session.add_items([user("first")])
+    for bad in (
+        {"role": "us\x00er", "content": "x"},
+        {"type": "mess\x00age", "content": "x"},
+        {"role": "\ud800", "content": "x"},
+        {"type": "function_call", "role": "a" * 300 + "\x00"},
+    ):
+        with pytest.raises(InvalidStateError):
+            await session.add_items([user("fine"), bad])  # type: ignore[list-item]
+    # A role too long to be an author is stored, the item's type its author.
+    long_role = {"type": "message", "role": "r" * 300, "content": "kept"}
+    await session.add_items([long_role])  # type: ignore[list-item]
+    # Usage past what one event counts is stored, its tokens counted up to that limit.
+    huge = {**reply("big usage"), "usage": {"total_tokens": 2**40}}
+    await session.add_items([huge])
+    assert await session.get_items() == [user("first"), long_role, huge]
+    info = await session.info()
+    assert info is not None
+    assert (info.message_count, info.token_total) == (3, 2**31 - 1)
+
+
+async def test_another_writers_events_read_as_messages_of_their_authors_role(
+    store: Store,
+) -> None:
+    # get_items, pop_item and rewind turn an event that is not an item into the same
+    # message: the user's words stay the user's.
+    session = DurableSession("conv", store)
+    await session.add_items([user("from the SDK")])
+    await store.append_event("default", "conv", Event("user", content="What is 2+2?"))
+    await store.append_event("default", "conv", Event("model", content={"n": [4]}))
+    await store.append_event("default", "conv", Event("agent", content=["four", 4]))
+    expected = [
+        user("from the SDK"),
+        {"role": "user", "content": "What is 2+2?"},
+        {"n": [4]},  # a dict is taken as an item, whoever wrote it
+        {"role": "assistant", "content": '["four", 4]'},
+    ]
+    assert await session.get_items() == expected
+    assert await session.get_items(limit=2) == expected[2:]
+    assert await session.pop_item() == expected[3]
+    assert await session.rewind(1) == expected[1:3]
+
+
 # -- every item shape, exactly ------------------------------------------------------------------
 
 ITEM_SHAPES: list[Any] = [

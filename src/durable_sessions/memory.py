@@ -286,7 +286,7 @@ class InMemoryStore:
     ) -> Event:
         """Append an event and apply its state delta atomically (see ``Store``)."""
         check_session(org_id, session_id)
-        check_expected(expected_version)
+        check_expected(expected_version, incarnation)
         stored, delta = prepare_event(event, self.max_value_bytes)
         record = self._live(org_id, session_id, incarnation, expected_version or 0)
         if expected_version is not None and record.meta.version != expected_version:
@@ -349,6 +349,7 @@ class InMemoryStore:
     ) -> Session:
         """Add to the counters and title an untitled session."""
         check_touch(org_id, session_id, messages, tokens, title)
+        check_expected(None, incarnation)
         meta = self._live(org_id, session_id, incarnation, 0).meta
         counters = (meta.message_count, meta.token_total, meta.version)
         check_counters(org_id, session_id, counters, messages, tokens)
@@ -443,7 +444,7 @@ class InMemoryStore:
     ) -> builtins.list[Event]:
         """Append a batch of events, all or nothing, with consecutive seqs (see ``Store``)."""
         check_session(org_id, session_id)
-        check_expected(expected_version)
+        check_expected(expected_version, incarnation)
         prepared = [prepare_event(event, self.max_value_bytes) for event in events]
         record = self._live(org_id, session_id, incarnation, expected_version or 0)
         if expected_version is not None and record.meta.version != expected_version:
@@ -479,7 +480,7 @@ class InMemoryStore:
         """Remove the events after ``after_seq`` and return them, oldest first (see ``Store``)."""
         check_session(org_id, session_id)
         check_after_seq(after_seq)
-        check_expected(expected_version)
+        check_expected(expected_version, incarnation)
         record = self._live(org_id, session_id, incarnation, expected_version or 0)
         if expected_version is not None and record.meta.version != expected_version:
             raise StaleSessionError(org_id, session_id, expected_version)
@@ -504,7 +505,7 @@ class InMemoryStore:
     ) -> Event | None:
         """Remove the newest event and return it; None when there is none (see ``Store``)."""
         check_session(org_id, session_id)
-        check_expected(expected_version)
+        check_expected(expected_version, incarnation)
         record = self._live(org_id, session_id, incarnation, expected_version or 0)
         if expected_version is not None and record.meta.version != expected_version:
             raise StaleSessionError(org_id, session_id, expected_version)

@@ -127,12 +127,15 @@ def _int64(value: Any) -> bool:
     )
 
 
-def check_expected(expected_version: int | None) -> None:
-    """Check an optional expected version (a 64-bit signed integer, as stored)."""
+def check_expected(expected_version: int | None, incarnation: str | None = None) -> None:
+    """Check an optional expected version (a 64-bit signed integer, as stored) and an
+    optional incarnation (an id: a string, as ids are)."""
     if expected_version is not None and not _int64(expected_version):
         raise InvalidArgumentError(
             "expected_version must be None or an integer in the 64-bit signed range"
         )
+    if incarnation is not None:
+        validate_id("incarnation", incarnation, allow_empty=True)  # "": made before 0002
 
 
 def check_count(name: str, value: int) -> None:

@@ -422,7 +422,7 @@ class SQLStore:
     ) -> Event:
         """Append an event and apply its state delta, atomically (see ``Store``)."""
         check_session(org_id, session_id)
-        check_expected(expected_version)
+        check_expected(expected_version, incarnation)
         stored, delta = prepare_event(event, self.max_value_bytes)
         params: dict[str, Any] = {
             "k_org": org_id, "k_id": session_id, "v_tokens": stored.tokens, "v_now": utcnow(),
@@ -472,6 +472,7 @@ class SQLStore:
     ) -> Session:
         """Add to the counters in SQL and title an untitled session; return its metadata."""
         check_touch(org_id, session_id, messages, tokens, title)
+        check_expected(None, incarnation)
         params = {
             "k_org": org_id, "k_id": session_id, "v_messages": messages, "v_tokens": tokens,
             "v_title": title, "v_now": utcnow(), "v_incarnation": incarnation,
@@ -598,7 +599,7 @@ class SQLStore:
         One statement on Postgres; one write transaction on SQLite.
         """
         check_session(org_id, session_id)
-        check_expected(expected_version)
+        check_expected(expected_version, incarnation)
         prepared = [prepare_event(event, self.max_value_bytes) for event in events]
         params: dict[str, Any] = {
             "k_org": org_id, "k_id": session_id, "v_now": utcnow(),
@@ -641,7 +642,7 @@ class SQLStore:
         """
         check_session(org_id, session_id)
         check_after_seq(after_seq)
-        check_expected(expected_version)
+        check_expected(expected_version, incarnation)
         params: dict[str, Any] = {
             "k_org": org_id, "k_id": session_id, "k_after_seq": after_seq, "v_now": utcnow(),
             "v_expected": expected_version, "v_incarnation": incarnation,
@@ -676,7 +677,7 @@ class SQLStore:
         landed while it ran); one write transaction on SQLite.
         """
         check_session(org_id, session_id)
-        check_expected(expected_version)
+        check_expected(expected_version, incarnation)
         params: dict[str, Any] = {
             "k_org": org_id, "k_id": session_id, "v_now": utcnow(),
             "v_expected": expected_version, "v_incarnation": incarnation,

@@ -693,6 +693,25 @@ class StoreContract:
         assert event.content == content
         assert type(event.content) is type(content)
 
+    @pytest.mark.parametrize("incarnation", [5, b"x", "a\x00b", "\ud800", "i" * 300])
+    async def test_a_malformed_incarnation_is_refused_alike_and_writes_nothing(
+        self, manager: Manager, store: Store, incarnation: Any
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        calls: list[Callable[[], Awaitable[Any]]] = [
+            lambda: store.append_event(ORG, session.id, Event("u"), incarnation=incarnation),
+            lambda: store.append_events(ORG, session.id, [Event("u")], incarnation=incarnation),
+            lambda: store.touch(ORG, session.id, messages=1, incarnation=incarnation),
+            lambda: store.truncate_events(ORG, session.id, after_seq=0, incarnation=incarnation),
+            lambda: store.pop_event(ORG, session.id, incarnation=incarnation),
+        ]
+        for call in calls:
+            with pytest.raises(InvalidArgumentError, match="incarnation"):
+                await call()
+        got = await manager.get(ORG, session.id)
+        assert (got.version, got.message_count) == (1, 0)
+        assert await store.list_events(ORG, session.id) == []
+
     async def test_subclasses_of_str_int_and_float_come_back_as_plain_values(
         self, manager: Manager, store: Store
     ) -> None:

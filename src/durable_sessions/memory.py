@@ -25,6 +25,7 @@ from .prepare import (
     check_search,
     check_session,
     check_shared_deletes,
+    check_title,
     check_touch,
     events_json,
     fork_state,
@@ -441,10 +442,12 @@ class InMemoryStore:
         *,
         expected_version: int | None = None,
         incarnation: str | None = None,
+        title: str = "",
     ) -> builtins.list[Event]:
         """Append a batch of events, all or nothing, with consecutive seqs (see ``Store``)."""
         check_session(org_id, session_id)
         check_expected(expected_version, incarnation)
+        check_title(title)
         prepared = [prepare_event(event, self.max_value_bytes) for event in events]
         record = self._live(org_id, session_id, incarnation, expected_version or 0)
         if expected_version is not None and record.meta.version != expected_version:
@@ -464,6 +467,8 @@ class InMemoryStore:
             self._apply_shared(meta, delta)
         meta.message_count += len(prepared)
         meta.token_total += tokens
+        if not meta.title:
+            meta.title = title
         meta.updated_at = utcnow()
         meta.version += 1
         return [self._copy_event(stored) for stored, _ in prepared]

@@ -172,7 +172,6 @@ class DurableSession(SessionABC):
         self.app_name = validate_id("app_name", app_name, allow_empty=True)
         self.user_id = validate_id("user_id", user_id)
         self.session_settings = session_settings or SessionSettings()
-        self._untitled = False  # created without a user message: title it from a later one
 
     def _org(self) -> str:
         """The organisation of this call.
@@ -212,7 +211,9 @@ class DurableSession(SessionABC):
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append items, all or nothing, in order and next to each other.
 
-        The first write creates the durable session, titled from its first user message.
+        The first write creates the durable session. A session without a title (its first
+        items held no user message) is titled from the first user message added later, by
+        whichever object adds it, in the same write.
 
         Raises:
             InvalidStateError: an item cannot be stored (e.g. NUL characters, or larger
@@ -222,20 +223,14 @@ class DurableSession(SessionABC):
             return
         org_id = self._org()
         events = [_to_event(item) for item in items]
-        try:
-            await self.store.append_events(org_id, self.session_id, events)
-        except SessionNotFoundError:
-            await self._create(org_id, items)
-            await self.store.append_events(org_id, self.session_id, events)
-            return
-        if self._untitled:
-            title = _title(items)
-            if title:
-                await self.store.touch(org_id, self.session_id, title=title)
-                self._untitled = False
-
-    async def _create(self, org_id: str, items: list[TResponseInputItem]) -> None:
         title = _title(items)
+        try:
+            await self.store.append_events(org_id, self.session_id, events, title=title)
+        except SessionNotFoundError:
+            await self._create(org_id, title)
+            await self.store.append_events(org_id, self.session_id, events, title=title)
+
+    async def _create(self, org_id: str, title: str) -> None:
         record = Session(
             id=self.session_id,
             org_id=org_id,
@@ -243,11 +238,8 @@ class DurableSession(SessionABC):
             app_name=self.app_name,
             title=title,
         )
-        try:
+        with contextlib.suppress(SessionExistsError):  # another writer's first write came first
             await self.store.create(record)
-        except SessionExistsError:  # another writer's first write came first
-            return
-        self._untitled = not title
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the newest item, or None when there is none.

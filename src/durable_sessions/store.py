@@ -319,14 +319,17 @@ class Store(Protocol):
         *,
         expected_version: int | None = None,
         incarnation: str | None = None,
+        title: str = "",
     ) -> builtins.list[Event]:
         """Append a batch of events, all or nothing, and apply their state deltas in order.
 
         The events get consecutive ``seq`` values, in the order given, with no other
         writer's event between them; counters grow as ``append_event`` would grow them for
         each, and the version moves on by one (one write). ``expected_version`` and
-        ``incarnation`` guard the whole batch as they guard ``append_event``. An empty batch
-        writes nothing and returns ``[]`` once the session (and its version) is checked.
+        ``incarnation`` guard the whole batch as they guard ``append_event``. A ``title``
+        titles the session if it has none yet (as ``touch`` does), in the same write. An
+        empty batch writes nothing and returns ``[]`` once the session (and its version)
+        is checked.
 
         Returns:
             The stored copies of the events, in order, with ``seq`` set.

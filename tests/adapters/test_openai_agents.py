@@ -369,8 +369,17 @@ async def test_the_first_write_creates_a_titled_session_with_counters(store: Sto
 
     untitled = DurableSession("quiet", store, org_id="acme", user_id="alice")
     await untitled.add_items([reply("Hello first")])
-    await untitled.add_items([user("Then a question")])
+    assert (await untitled.info()).title == ""  # type: ignore[union-attr]
+    # Another object (another request, another process) titles it from its user message.
+    later = DurableSession("quiet", store, org_id="acme", user_id="alice")
+    await later.add_items([user("Then a question")])
+    await untitled.add_items([user("And another one")])
     assert (await untitled.info()).title == "Then a question"  # type: ignore[union-attr]
+    # A session made through the core API, untitled, too.
+    await Manager(store, app_name=APP).create("acme", "alice", id="made")
+    await DurableSession("made", store, org_id="acme", user_id="alice").add_items(
+        [{"role": "system", "content": "Be brief."}, user("Made elsewhere")]
+    )
 
     usage = Usage(requests=1, input_tokens=70, output_tokens=30, total_tokens=100)
     await session.store_run_usage(usage)
@@ -379,7 +388,8 @@ async def test_the_first_write_creates_a_titled_session_with_counters(store: Sto
     listed = await Manager(store).list(Filter("acme", user_id="alice", app_name=APP))
     assert {(s.id, s.title, s.message_count) for s in listed} == {
         ("conv", "My order 1234 is late, where is it?", 3),
-        ("quiet", "Then a question", 2),
+        ("quiet", "Then a question", 3),
+        ("made", "Made elsewhere", 2),
     }
 
 

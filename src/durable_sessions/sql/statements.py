@@ -495,7 +495,8 @@ class Statements:
         return [S.c.event_seq, S.c.app_name, S.c.user_id]
 
     def append_many(self, *, merge: bool) -> Any:
-        """Move a session on by a batch of ``v_count`` events carrying ``v_tokens`` tokens.
+        """Move a session on by a batch of ``v_count`` events carrying ``v_tokens`` tokens,
+        titled ``v_title`` if it has no title (``""`` leaves it as it is).
 
         Returns the last seq of the batch (the batch's seqs end there), and the owner. No
         row: no session, a stale ``v_expected``, another incarnation, or no room left.
@@ -506,6 +507,7 @@ class Statements:
             "event_seq": S.c.event_seq + count,
             "message_count": S.c.message_count + count,
             "token_total": S.c.token_total + tokens,
+            "title": case((S.c.title == "", bindparam("v_title")), else_=S.c.title),
             "updated_at": NOW,
             "version": S.c.version + 1,
         }

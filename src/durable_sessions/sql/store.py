@@ -35,6 +35,7 @@ from ..prepare import (
     check_search,
     check_session,
     check_timeout,
+    check_title,
     check_touch,
     make_page,
     merge_state,
@@ -593,6 +594,7 @@ class SQLStore:
         *,
         expected_version: int | None = None,
         incarnation: str | None = None,
+        title: str = "",
     ) -> builtins.list[Event]:
         """Append a batch of events, all or nothing, with consecutive seqs (see ``Store``).
 
@@ -600,10 +602,11 @@ class SQLStore:
         """
         check_session(org_id, session_id)
         check_expected(expected_version, incarnation)
+        check_title(title)
         prepared = [prepare_event(event, self.max_value_bytes) for event in events]
         params: dict[str, Any] = {
             "k_org": org_id, "k_id": session_id, "v_now": utcnow(),
-            "v_expected": expected_version, "v_incarnation": incarnation,
+            "v_expected": expected_version, "v_incarnation": incarnation, "v_title": title,
         }  # fmt: skip
         await self._ready("append_events")
         if not prepared:

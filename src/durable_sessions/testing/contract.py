@@ -1592,6 +1592,21 @@ class StoreContract:
         assert after.state == {"k": 3, "user:u": 1, "app:a": 3}
         assert (await store.append_event(ORG, session.id, Event("user"))).seq == 5
 
+    async def test_append_events_titles_an_untitled_session_in_the_same_write(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(ORG, USER)
+        await store.append_events(ORG, session.id, [Event("model")], title="")
+        assert (await manager.get(ORG, session.id)).title == ""  # "" leaves it untitled
+        with pytest.raises(InvalidArgumentError, match="title"):
+            await store.append_events(ORG, session.id, [Event("user")], title="a\x00b")
+        await store.append_events(ORG, session.id, [Event("user")], title="First question")
+        await store.append_events(ORG, session.id, [Event("user")], title="Second question")
+        got = await manager.get(ORG, session.id)
+        assert (got.title, got.message_count, got.version) == ("First question", 3, 4)
+        listed = await manager.list(Filter(ORG, user_id=USER))
+        assert [s.title for s in listed] == ["First question"]
+
     async def test_append_events_is_all_or_nothing(self, manager: Manager, store: Store) -> None:
         session = await manager.create(ORG, USER)
         batch = [Event("user", content="fine"), Event("user", content={"bad": float("nan")})]

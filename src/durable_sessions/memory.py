@@ -203,7 +203,7 @@ class InMemoryStore:
         record.private.update(delta.private_set)
         self._apply_shared(record.meta, delta)
         record.meta.title = session.title
-        record.meta.updated_at = session.updated_at = now
+        record.meta.updated_at = session.updated_at = max(record.meta.updated_at, now)
         record.meta.version = session.version = session.version + 1
         session.mark_persisted()
         return session
@@ -303,7 +303,7 @@ class InMemoryStore:
         self._apply_shared(meta, delta)
         meta.message_count += 1
         meta.token_total += stored.tokens
-        meta.updated_at = utcnow()
+        meta.updated_at = max(meta.updated_at, utcnow())  # never back
         meta.version += 1
         return self._copy_event(stored)
 
@@ -358,7 +358,7 @@ class InMemoryStore:
         meta.token_total += tokens
         if not meta.title:
             meta.title = title
-        meta.updated_at = utcnow()
+        meta.updated_at = max(meta.updated_at, utcnow())  # never back
         meta.version += 1
         return replace(meta, state={}, events=[])
 
@@ -469,7 +469,7 @@ class InMemoryStore:
         meta.token_total += tokens
         if not meta.title:
             meta.title = title
-        meta.updated_at = utcnow()
+        meta.updated_at = max(meta.updated_at, utcnow())  # never back
         meta.version += 1
         return [self._copy_event(stored) for stored, _ in prepared]
 
@@ -496,7 +496,7 @@ class InMemoryStore:
         record.events = kept
         meta.message_count = max(0, meta.message_count - len(removed))
         meta.token_total = max(0, meta.token_total - sum(e.tokens for e in removed))
-        meta.updated_at = utcnow()
+        meta.updated_at = max(meta.updated_at, utcnow())  # never back
         meta.version += 1
         return [self._copy_event(e) for e in removed]
 

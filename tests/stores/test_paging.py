@@ -15,6 +15,7 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from durable_sessions import (
+    Event,
     Filter,
     InMemoryStore,
     InvalidArgumentError,
@@ -191,3 +192,39 @@ async def test_the_page_size_and_with_state_may_change_from_page_to_page(store: 
                 break
         assert walked == expected
         assert step >= 4  # the walk went through both kinds of page, back and forth
+
+
+async def test_a_write_with_an_earlier_time_never_moves_a_session_back(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write takes its time before it waits (for a pooled connection, a row lock,
+    SQLite's write lock); one that waited may carry a time earlier than a write committed
+    meanwhile. Every write then leaves ``updated_at`` where it is: the session neither goes
+    back in ``list`` nor comes twice in a walk of its pages."""
+    manager = Manager(store, app_name="app")
+    made = [await manager.create("org", "alice", id=name) for name in ("a", "b", "c")]
+    first = await manager.list_page(Filter("org", limit=1))
+    assert [s.id for s in first.sessions] == ["c"]
+    newest = (await manager.get("org", "c")).updated_at
+
+    def earlier() -> datetime:
+        return newest - timedelta(hours=1)
+
+    for module in ("durable_sessions.memory", "durable_sessions.sql.store"):
+        monkeypatch.setattr(f"{module}.utcnow", earlier, raising=False)
+    c = await manager.get("org", "c")
+    c.set("k", 1)
+    await manager.save(c)
+    await store.touch("org", "c", messages=1)
+    await store.append_event("org", "c", Event("user", content="x"))
+    await store.append_events("org", "c", [Event("user", content="y"), Event("u")])
+    await store.truncate_events("org", "c", after_seq=2)
+    await store.pop_event("org", "c")
+    monkeypatch.undo()
+
+    got = await manager.get("org", "c")
+    assert (got.version, got.updated_at) == (7, newest)
+    assert [s.id for s in await manager.list(Filter("org"))] == ["c", "b", "a"]
+    rest = await manager.list_page(Filter("org", limit=10), cursor=first.next_cursor)
+    assert [s.id for s in rest.sessions] == ["b", "a"]
+    assert made[0].updated_at < made[1].updated_at < newest

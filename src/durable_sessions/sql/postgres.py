@@ -52,6 +52,7 @@ from .statements import (
     APP_KEY,
     EVENT_COLUMNS,
     EVENTS_KEY,
+    LATER,
     META,
     NOW,
     SESSION_KEY,
@@ -437,7 +438,7 @@ class PostgresStatements(PostgresShapes):
                 event_seq=case((S.c.event_seq > after, after), else_=S.c.event_seq),
                 message_count=func.greatest(S.c.message_count - count, zero),
                 token_total=func.greatest(S.c.token_total - tokens.scalar_subquery(), zero),
-                updated_at=NOW,
+                updated_at=LATER,
                 version=S.c.version + 1,
             )
             .returning(S.c.version)

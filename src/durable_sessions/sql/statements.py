@@ -33,7 +33,16 @@ from .compiled import Compiled, compile_statement
 from .dialect import DialectOps
 from .schema import JSONValue, UTCDateTime, app_state, events, sessions, user_state
 
-__all__ = ["EVENTS_KEY", "EVENT_COLUMNS", "META", "NOW", "OWNED", "SESSION_KEY", "Statements"]
+__all__ = [
+    "EVENTS_KEY",
+    "EVENT_COLUMNS",
+    "LATER",
+    "META",
+    "NOW",
+    "OWNED",
+    "SESSION_KEY",
+    "Statements",
+]
 
 S = sessions
 META = [
@@ -65,6 +74,11 @@ EVENTS_KEY = and_(events.c.org_id == bindparam("k_org"), events.c.session_id == 
 USER_KEY = ["org_id", "app_name", "user_id", "key"]
 APP_KEY = ["org_id", "app_name", "key"]
 NOW = bindparam("v_now", type_=UTCDateTime)
+LATER = case((S.c.updated_at > NOW, S.c.updated_at), else_=NOW)
+"""A write's new ``updated_at``: the time of its call, unless the row holds a later one. The
+time is taken before the write waits (for a connection, a row lock, SQLite's write lock),
+so a write that waited could carry an earlier time than one that committed meanwhile; a
+session's ``updated_at`` never goes back (a listing's cursor stays ahead of it)."""
 INCARNATION = bindparam("v_incarnation", type_=Text)
 # A write guarded by the incarnation the caller holds (None: any incarnation of the id).
 SAME_LIFE = or_(INCARNATION.is_(None), S.c.incarnation == INCARNATION)
@@ -170,7 +184,7 @@ class Statements:
                 message_count=S.c.message_count + bindparam("v_messages"),
                 token_total=S.c.token_total + bindparam("v_tokens"),
                 title=case((S.c.title == "", bindparam("v_title")), else_=S.c.title),
-                updated_at=NOW,
+                updated_at=LATER,
                 version=S.c.version + 1,
             )
             .returning(*META)
@@ -465,7 +479,7 @@ class Statements:
             .values(
                 title=bindparam("v_title"),
                 state=bindparam("v_state", type_=JSONValue),
-                updated_at=NOW,
+                updated_at=LATER,
                 version=S.c.version + 1,
             )
         )
@@ -475,7 +489,7 @@ class Statements:
             "event_seq": S.c.event_seq + 1,
             "message_count": S.c.message_count + 1,
             "token_total": S.c.token_total + bindparam("v_tokens"),
-            "updated_at": NOW,
+            "updated_at": LATER,
             "version": S.c.version + 1,
         }
         if merge:
@@ -508,7 +522,7 @@ class Statements:
             "message_count": S.c.message_count + count,
             "token_total": S.c.token_total + tokens,
             "title": case((S.c.title == "", bindparam("v_title")), else_=S.c.title),
-            "updated_at": NOW,
+            "updated_at": LATER,
             "version": S.c.version + 1,
         }
         if merge:
@@ -561,7 +575,7 @@ class Statements:
                     (S.c.message_count > count, S.c.message_count - count), else_=zero
                 ),
                 token_total=case((S.c.token_total > tokens, S.c.token_total - tokens), else_=zero),
-                updated_at=NOW,
+                updated_at=LATER,
                 version=S.c.version + 1,
             )
             .returning(S.c.version)

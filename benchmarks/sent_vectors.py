@@ -18,23 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from .common import Database, new_tmpdir
+from .openai_floor import Call, _mean_us
 from .openai_suite import TURN
-
-Call = Callable[[], Awaitable[Any]]
-
-
-async def _mean_us(call: Call, calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        await call()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 async def run(args: argparse.Namespace) -> None:

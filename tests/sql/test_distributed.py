@@ -29,7 +29,7 @@ from durable_sessions.sql.citus import (
     GENERATED_VECTOR,
     SETTING,
     DistributedStatements,
-    detect_distributed,
+    detect_schema,
     make_distributed,
 )
 from durable_sessions.sql.compiled import compile_statement
@@ -195,13 +195,13 @@ async def _every_operation(store: SQLStore, manager: Manager) -> None:
 
 
 def _decide(citus: bool, setting: str | None) -> bool:
-    program = detect_distributed(DIALECT)
+    program = detect_schema(DIALECT)
     next(program)
-    row = type("Row", (), {"citus": citus, "setting": setting})()
+    row = type("Row", (), {"citus": citus, "setting": setting, "vectors": None})()
     try:
         program.send(Result([row], 1))
     except StopIteration as stop:
-        return bool(stop.value)
+        return bool(stop.value.distributed)
     raise AssertionError("one statement decides")
 
 

@@ -54,7 +54,6 @@ __all__ = [
     "DistributedPrograms",
     "DistributedStatements",
     "Schema",
-    "detect_distributed",
     "detect_schema",
     "distribution_sql",
 ]
@@ -139,22 +138,14 @@ class Schema(NamedTuple):
 def detect_schema(dialect: Dialect) -> Program[Schema]:
     """The mode a Postgres database wants and its kind of search vector, in one statement.
 
+    Distributed mode: the setting ``SETTING`` when it is set, else whether the ``citus``
+    extension is installed.
+
     Raises:
         InvalidArgumentError: the setting ``SETTING`` is neither on nor off.
     """
     row = (yield Query(_detect_statement(dialect))).first()
     return Schema(_wants_distributed(row), row.vectors)
-
-
-def detect_distributed(dialect: Dialect) -> Program[bool]:
-    """Whether a Postgres database wants distributed mode: the setting ``SETTING`` when it
-    is set, else whether the ``citus`` extension is installed.
-
-    Raises:
-        InvalidArgumentError: the setting is neither on nor off.
-    """
-    row = (yield Query(_detect_statement(dialect))).first()
-    return _wants_distributed(row)
 
 
 def _wants_distributed(row: Any) -> bool:

@@ -126,7 +126,8 @@ class Schema(NamedTuple):
     """What a Postgres database asks of a store (``detect_schema``)."""
 
     distributed: bool
-    """Whether to run in distributed mode (``detect_distributed``)."""
+    """Whether to run in distributed mode: the setting ``SETTING`` when it is set, else
+    whether the ``citus`` extension is installed."""
     vectors: bool | None
     """Whether writes send each event's search vector: ``ds_events.search_vector`` is a
     plain column (revision 0008) and the database folds case as ``fulltext.fold`` does, so

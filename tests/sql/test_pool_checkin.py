@@ -140,18 +140,10 @@ async def test_overflow_connections_are_closed_on_return_and_the_pool_goes_on(
 async def test_a_queue_pool_takes_connections_back_without_a_greenlet(
     make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spawned: list[str] = []
-    real_spawn = runner.greenlet_spawn
-
-    def recording_spawn(fn: Callable[..., Any], *args: Any) -> Any:
-        spawned.append(getattr(fn, "__name__", repr(fn)))
-        return real_spawn(fn, *args)
-
     engine, opened = await make_engine()
-    monkeypatch.setattr(runner, "greenlet_spawn", recording_spawn)
+    spawned = record_spawns(monkeypatch)
     store = SQLStore(engine)
     await every_kind_of_operation(store)
-    assert spawned
     assert "checkin_reset" not in spawned
     assert engine.sync_engine.pool.checkedout() == 0
     assert len(opened) == 1
@@ -230,3 +222,64 @@ async def test_a_transaction_a_pool_listener_leaves_open_loses_no_write(
     assert committed == len(written)
     async with engine.begin() as conn:
         await conn.exec_driver_sql(f"DROP TABLE {table}")
+
+
+def record_spawns(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of what the runner runs in a greenlet from now on."""
+    spawned: list[str] = []
+    real_spawn = runner.greenlet_spawn
+
+    def recording_spawn(fn: Callable[..., Any], *args: Any) -> Any:
+        spawned.append(getattr(fn, "__name__", repr(fn)))
+        return real_spawn(fn, *args)
+
+    monkeypatch.setattr(runner, "greenlet_spawn", recording_spawn)
+    return spawned
+
+
+async def test_an_idle_pooled_connection_is_lent_without_a_greenlet(
+    make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once open (and, on SQLite, its pragmas set), a connection goes out of the pool in a
+    plain call: the pool's own checkout, with nothing of the driver to await."""
+    engine, opened = await make_engine()
+    store = SQLStore(engine)
+    await every_kind_of_operation(store)  # opens the connection, sets its pragmas
+    spawned = record_spawns(monkeypatch)
+    await every_kind_of_operation(store)
+    assert "connect" not in spawned
+    assert len(opened) == 1
+    assert engine.sync_engine.pool.checkedout() == 0
+
+
+@pytest.mark.parametrize("case", ["pre_ping", "recycle", "listener", "invalidated", "pool"])
+async def test_a_checkout_that_may_reach_the_driver_goes_through_a_greenlet(
+    make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """Whatever may make the pool talk to the driver on checkout (a pre-ping, a recycle
+    age, a checkout listener of the user's, a connection invalidated alone or with the
+    whole pool) sends the checkout through a greenlet, where it works as SQLAlchemy
+    means it to: every operation succeeds and a dropped connection is replaced."""
+    options = {"pre_ping": {"pool_pre_ping": True}, "recycle": {"pool_recycle": 3600}}
+    engine, opened = await make_engine(**options.get(case, {}))
+    pings: list[int] = []
+    if case == "listener":
+        event.listen(
+            engine.sync_engine.pool, "checkout", lambda conn, *_: pings.append(select_one(conn))
+        )
+    store = SQLStore(engine)
+    await every_kind_of_operation(store)
+    if case in ("invalidated", "pool"):
+        async with engine.connect() as conn:
+            if case == "invalidated":
+                await conn.invalidate()
+            else:
+                runner.invalidate_pool(engine.sync_engine.pool, conn.sync_connection, Exception())
+    spawned = record_spawns(monkeypatch)
+    await every_kind_of_operation(store)
+    assert "connect" in spawned
+    if case == "listener":
+        assert set(pings) == {1}
+    if case in ("invalidated", "pool"):
+        assert len(opened) == 2  # the dropped connection was replaced, in a greenlet
+    assert engine.sync_engine.pool.checkedout() == 0

@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool, QueuePool, SingletonThreadPool, StaticPool
 from sqlalchemy.pool.base import _ConnectionFairy, reset_none, reset_rollback
 from sqlalchemy.sql.dml import UpdateBase
+from sqlalchemy.util.queue import AsyncAdaptedQueue
 
 __all__ = [
     "TESTED",
@@ -35,6 +36,7 @@ __all__ = [
     "check",
     "checkin_reset",
     "checkin_without_io",
+    "checkout_without_io",
     "engine_has_events",
     "greenlet_spawn",
     "invalidate_pool",
@@ -294,6 +296,41 @@ def checkin_without_io(pool: Pool, fairy: Any) -> bool:
     if record is None or getattr(record, "finalize_callback", True):
         return False
     return not _may_close_on_return(pool)
+
+
+def checkout_without_io(pool: Pool) -> bool:
+    """Whether ``pool.connect()`` cannot reach the driver, so that it may run outside a
+    greenlet: a queue pool with no pre-ping, whose next idle connection (the one
+    ``connect`` takes: the oldest, or the newest with ``use_lifo``) is open and needs no
+    reconnect (no recycle age, no pool-wide or soft invalidation since it opened), taken
+    without waiting (the overflow is not used up), and no ``checkout`` listener but those
+    that run once per connection and have run on that one (a ``done_key`` attribute naming
+    the key they set in the connection record's ``info``). Otherwise, and for whatever it
+    cannot read (a private name gone in another SQLAlchemy version), it answers False, and
+    the caller checks out through a greenlet, as always correct."""
+    try:
+        if not isinstance(pool, QueuePool) or pool._pre_ping:
+            return False
+        if pool._recycle > -1 or pool._invalidate_time:
+            return False
+        if -1 < pool._max_overflow <= pool._overflow:  # QueuePool._do_get would wait
+            return False
+        waiting = pool._pool
+        if not isinstance(waiting, AsyncAdaptedQueue):
+            return False
+        idle = waiting._queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's deque
+        if not idle:
+            return False
+        record = idle[-1] if waiting.use_lifo else idle[0]
+        for listener in pool.dispatch.checkout:
+            done_key = getattr(listener, "done_key", None)
+            if done_key is None or not record.info.get(done_key):
+                return False
+        return bool(
+            record.dbapi_connection is not None and record._soft_invalidate_time <= record.starttime
+        )
+    except AttributeError:
+        return False
 
 
 def _may_close_on_return(pool: Pool) -> bool:

@@ -155,6 +155,9 @@ def install_sqlite_pragmas(engine: Engine, busy_timeout_ms: int) -> None:
             cursor.close()
         record.info[_PRAGMAS_DONE] = True
 
+    # Done once per connection: the runner may check a connection out without a greenlet
+    # once its record says so (``_private.checkout_without_io``).
+    on_checkout.done_key = _PRAGMAS_DONE  # type: ignore[attr-defined]
     event.listen(engine, "checkout", on_checkout)
 
 

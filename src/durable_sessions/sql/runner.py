@@ -26,6 +26,7 @@ from ._private import (
     aiosqlite_execute,
     checkin_reset,
     checkin_without_io,
+    checkout_without_io,
     engine_has_events,
     greenlet_spawn,
     invalidate_pool,
@@ -161,6 +162,11 @@ class Runner:
         A cancellation while the pool connects is the pool's to clean up; once this has
         returned, nothing awaits before the caller's ``try`` takes the connection over.
         """
+        pool = self.engine.sync_engine.pool
+        if checkout_without_io(pool):
+            # An idle connection that needs nothing of the driver: taken in a plain call,
+            # with no await at which a cancellation could fall.
+            return pool.connect()
         task = asyncio.current_task()
         requests = _cancel_requests(task)
         # Straight from the pool (its checkout events, pre-ping and reset still apply),

@@ -10,6 +10,12 @@ alternating. On a shared machine each (workload, concurrency) is measured ``--ro
 times and each service keeps its best round: noise only ever slows a run down. Writes
 ``results.json`` in the format of ``python -m benchmarks`` (``benchmarks.adk_report``
 renders it) to ``--out``.
+
+For the calls in ``FLOORED`` a third implementation runs in the same rounds: the driver
+floor of ``nox -s bench`` (``floor_sqlite.FloorSqlite``, ``floor_pg.FloorPostgres``: raw
+aiosqlite or asyncpg, one hand-written statement), whose work for those calls is the least
+any durable service can do. Its throughput over ADK's is about the best ratio a service
+could show for them.
 """
 
 from __future__ import annotations
@@ -26,8 +32,12 @@ from typing import Any
 from .cli import BACKENDS, _ints, _run_meta
 from .common import WORKLOADS, Database, Measurement, keep_best, new_tmpdir
 from .report import empty_results
-from .runner import _line, _one
+from .runner import MAX_DELETE_SUPPLY, _line, _one, make_floor
 from .workloads import Implementation
+
+FLOORED = ("delete",)
+"""ADK calls whose whole work the driver floor does too: ``delete_session`` deletes one
+session row (its events by ``ON DELETE CASCADE``), one statement committed on its own."""
 
 
 async def run(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -35,8 +45,12 @@ async def run(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     from .impl_adk_adapter import AdkAdapter
 
     impls: list[Implementation] = [Adk(), AdkAdapter()]
+    labels = ["adk", "adapter"]
+    if any(w in FLOORED for w in args.workloads):
+        impls.append(make_floor(backend))
+        labels.append("floor")
     tmpdir = new_tmpdir()
-    dbs = [Database(backend, label, tmpdir) for label in ("adk", "adapter")]
+    dbs = [Database(backend, label, tmpdir) for label in labels]
     opened: list[Implementation] = []
     rows: list[dict[str, Any]] = []
     create_rate: dict[tuple[str, int], float] = {}
@@ -49,8 +63,11 @@ async def run(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         for workload in args.workloads:
             for concurrency in args.concurrency:
                 best: dict[str, Measurement] = {}
+                timed = [i for i in impls if i.name != "floor" or workload in FLOORED]
+                # The floor times no create: its delete supply is the most a run may take.
+                create_rate.setdefault(("floor", concurrency), float(MAX_DELETE_SUPPLY))
                 for round_ in range(args.rounds):
-                    order = impls if round_ % 2 == 0 else impls[::-1]
+                    order = timed if round_ % 2 == 0 else timed[::-1]
                     for impl in order:
                         m = await _one(
                             impl, backend, workload, concurrency, args.duration, create_rate
@@ -61,7 +78,11 @@ async def run(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                         keep_best(best, m)
                 rows += [asdict(m) for m in best.values()]
                 adk, ours = best["google-adk"].ops_per_sec, best["adk-adapter"].ops_per_sec
-                print(f"    best of {args.rounds}: adapter/ADK {ours / adk if adk else 0:.2f}x")
+                floor = best["floor"].ops_per_sec if "floor" in best else 0.0
+                print(
+                    f"    best of {args.rounds}: adapter/ADK {ours / adk if adk else 0:.2f}x"
+                    + (f"  floor/ADK {floor / adk if adk else 0:.2f}x" if floor else "")
+                )
     finally:
         for impl in opened:
             await impl.close()

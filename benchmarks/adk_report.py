@@ -45,6 +45,14 @@ def _cpu_ratio(adk: dict[str, Any], ours: dict[str, Any]) -> str:
     return f"{adk['cpu_us_per_op'] / mine:.1f}x" if mine else "-"
 
 
+def _floor_cell(rows: list[dict[str, Any]], adk: dict[str, Any], key: dict[str, Any]) -> str:
+    """The floor's throughput over ADK's for one call, where the floor ran it."""
+    floor = _row(rows, "floor", **key)
+    if floor is None or not adk["ops_per_sec"]:
+        return " - |"
+    return f" {floor['ops_per_sec'] / adk['ops_per_sec']:.2f}x |"
+
+
 def render(results: dict[str, Any], before: dict[str, Any] | None = None) -> str:
     rows = results["side_by_side"]
     earlier = before["side_by_side"] if before else []
@@ -68,16 +76,28 @@ def render(results: dict[str, Any], before: dict[str, Any] | None = None) -> str
                 name = f"{label} `{meta_key}`" if label else f"`{meta_key}`"
                 lines.append(f"- {name}: {meta['when']}, `{meta['command']}`")
     lines.append("")
+    floored = any(r["impl"] == "floor" for r in rows)
+    if floored:
+        lines += [
+            "*floor/ADK* is the driver floor's throughput over ADK's, for the calls whose whole "
+            "work it does (`benchmarks.adk_bench.FLOORED`): one hand-written statement on raw "
+            "aiosqlite or asyncpg, timed in the same rounds: about the best ratio a service "
+            "doing that work on this driver could show.",
+            "",
+        ]
     combos = sorted({(r["backend"], r["concurrency"]) for r in rows}, key=lambda c: (c[0], c[1]))
     for backend, concurrency in combos:
         tasks = "sequential" if concurrency == 1 else f"{concurrency} concurrent tasks"
         then = " | adapter/ADK before | CPU ADK/adapter before" if earlier else ""
+        then += " | floor/ADK" if floored else ""
         lines += [
             f"## {backend}, {tasks}",
             "",
             "| ADK call | ops/s ADK | ops/s adapter | adapter/ADK | p50 ms ADK / adapter "
             f"| stmts/op ADK / adapter | CPU us/op ADK / adapter | CPU ADK/adapter{then} |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if earlier else ""),
+            "|---|---:|---:|---:|---:|---:|---:|---:|"
+            + ("---:|---:|" if earlier else "")
+            + ("---:|" if floored else ""),
         ]
         for workload in WORKLOADS:
             key = {"backend": backend, "concurrency": concurrency, "workload": workload}
@@ -105,7 +125,7 @@ def render(results: dict[str, Any], before: dict[str, Any] | None = None) -> str
                 f"| {CALLS[workload]} | {adk['ops_per_sec']:,.0f} | {ours['ops_per_sec']:,.0f} "
                 f"| {ratio:.2f}x {mark} | {adk['p50_ms']:.2f} / {ours['p50_ms']:.2f} "
                 f"| {stmts} | {adk['cpu_us_per_op']:,.0f} / {ours['cpu_us_per_op']:,.0f} "
-                f"| {_cpu_ratio(adk, ours)} |{old}"
+                f"| {_cpu_ratio(adk, ours)} |{old}{_floor_cell(rows, adk, key) if floored else ''}"
             )
         lines.append("")
     return "\n".join(lines)

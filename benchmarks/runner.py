@@ -20,21 +20,23 @@ MAX_DELETE_SUPPLY = 4_000
 """Sessions created per worker, at most, before a delete run."""
 
 
+def make_floor(backend: str) -> Implementation:
+    """The driver floor of ``backend``: raw asyncpg or aiosqlite, hand-written statements."""
+    if backend == "postgres":
+        from .floor_pg import FloorPostgres
+
+        return FloorPostgres()
+    from .floor_sqlite import FloorSqlite
+
+    return FloorSqlite()
+
+
 def make_implementations(backend: str, pool_size: int) -> list[Implementation]:
     from .impl_adk import Adk
     from .impl_adk_adapter import AdkAdapter
     from .impl_ours import Ours
 
-    floor: Implementation
-    if backend == "postgres":
-        from .floor_pg import FloorPostgres
-
-        floor = FloorPostgres()
-    else:
-        from .floor_sqlite import FloorSqlite
-
-        floor = FloorSqlite()
-    impls = [Ours(), Adk(), AdkAdapter(), floor]
+    impls = [Ours(), Adk(), AdkAdapter(), make_floor(backend)]
     assert tuple(impl.name for impl in impls) == IMPL_ORDER
     for impl in impls:
         impl.pool_size = pool_size

@@ -242,11 +242,13 @@ def _to_record(event: AdkEvent) -> Event:
 def _from_record(record: Event) -> AdkEvent:
     """Return the ADK event a durable event holds.
 
-    An event another writer appended (e.g. ``SessionService``) becomes a text event.
+    An event another writer appended (e.g. ``SessionService``) becomes a text event, even
+    one whose content has ``actions`` and ``id`` but is not an ADK event's.
     """
     content = record.content
     if isinstance(content, dict) and "actions" in content and "id" in content:
-        return rebuild(AdkEvent, content)
+        with contextlib.suppress(ValidationError):
+            return rebuild(AdkEvent, content)
     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
     return AdkEvent(
         id=record.id,
@@ -584,8 +586,10 @@ class DurableSessionService(BaseSessionService):
             StaleSessionError: (ADK's) storage changed since ``session`` was loaded;
                 nothing is written.
             SessionNotFoundError: (ADK's) no such session for this app and user.
-            InvalidStateError: a value of the event cannot be stored; nothing is written
-                and neither the session nor the event is changed.
+            InvalidArgumentError: a field of the event cannot be stored (its author,
+                invocation id or id: NUL, a lone surrogate, too long), or one of its values
+                (``InvalidStateError``); nothing is written and neither the session nor the
+                event is changed.
         """
         if event.partial:
             return event
@@ -612,16 +616,22 @@ class DurableSessionService(BaseSessionService):
         session.state.update(temp)  # for the rest of the invocation, as ADK does
         version, incarnation = await self._check_current(org_id, session)
         try:
-            durable_id = durable_session_id(session.app_name, session.user_id, session.id)
+            # Checked here, so that the store's InvalidArgumentError below is the event's.
+            durable_id = validate_id(
+                "session id", durable_session_id(session.app_name, session.user_id, session.id)
+            )
+        except InvalidArgumentError:
+            raise _not_found(session.id) from None
+        try:
             # The store checks the version in the same statement as the append, so a writer
             # in another process holding the same revision cannot slip in between.
             await self.store.append_event(
                 org_id, durable_id, record, expected_version=version, incarnation=incarnation
             )
-        except InvalidStateError:
+        except InvalidArgumentError:  # a field or value of the event the store refuses
             undo()
             raise
-        except (SessionNotFoundError, InvalidArgumentError):
+        except SessionNotFoundError:
             raise _not_found(session.id) from None
         except StaleSessionError:
             raise _STALE_ERROR(_STALE_MESSAGE) from None

@@ -124,6 +124,24 @@ class _AdkJSON(TypeDecorator[Any]):
         return value
 
 
+class _AdkTime(TypeDecorator[datetime]):
+    """ADK's ``PreciseTimestamp``: a datetime, or a number of seconds since the epoch (as
+    ADK's ``SqliteSessionService`` writes the same tables), which ADK reads as UTC."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def result_processor(self, dialect: Dialect, coltype: object) -> Callable[[Any], Any]:
+        parse = self.impl_instance.result_processor(dialect, coltype)
+
+        def process(value: Any) -> Any:
+            if isinstance(value, (int, float)):
+                return datetime.fromtimestamp(value, timezone.utc)
+            return parse(value) if parse is not None and value is not None else value
+
+        return process
+
+
 _adk = MetaData()
 _KEY = String(128)
 _sessions = Table(
@@ -133,8 +151,8 @@ _sessions = Table(
     Column("user_id", _KEY, primary_key=True),
     Column("id", _KEY, primary_key=True),
     Column("state", _AdkJSON),
-    Column("create_time", DateTime),
-    Column("update_time", DateTime),
+    Column("create_time", _AdkTime),
+    Column("update_time", _AdkTime),
 )
 _events = Table(
     "events",
@@ -144,7 +162,7 @@ _events = Table(
     Column("user_id", _KEY, primary_key=True),
     Column("session_id", _KEY, primary_key=True),
     Column("invocation_id", String(256)),
-    Column("timestamp", DateTime),
+    Column("timestamp", _AdkTime),
     Column("event_data", _AdkJSON),
 )
 _app_states = Table(
@@ -152,7 +170,7 @@ _app_states = Table(
     _adk,
     Column("app_name", _KEY, primary_key=True),
     Column("state", _AdkJSON),
-    Column("update_time", DateTime),
+    Column("update_time", _AdkTime),
 )
 _user_states = Table(
     "user_states",
@@ -160,7 +178,7 @@ _user_states = Table(
     Column("app_name", _KEY, primary_key=True),
     Column("user_id", _KEY, primary_key=True),
     Column("state", _AdkJSON),
-    Column("update_time", DateTime),
+    Column("update_time", _AdkTime),
 )
 _metadata = Table("adk_internal_metadata", _adk, Column("key", _KEY), Column("value", Text))
 
@@ -215,9 +233,10 @@ def _from_source(where: str) -> Iterator[None]:
     except SessionError:
         raise  # the target's errors, already translated, and this module's own
     except Exception as exc:
-        if isinstance(exc, (sa_exc.SQLAlchemyError, OSError)) or type(exc).__module__.startswith(
-            ("asyncpg", "sqlite3", "aiosqlite")
-        ):
+        # ValueError, TypeError: a value read that is not what ADK's schema says (JSON
+        # text that is not JSON, a time that is not a time), which ADK cannot read either.
+        known = isinstance(exc, (sa_exc.SQLAlchemyError, OSError, ValueError, TypeError))
+        if known or type(exc).__module__.startswith(("asyncpg", "sqlite3", "aiosqlite")):
             raise AdkImportError(f"cannot read the ADK database at {where}: {_why(exc)}") from None
         raise
 
@@ -294,6 +313,10 @@ async def _check_schema(conn: AsyncConnection, where: str) -> None:
     legacy = found.get("events", set())
     if "actions" in legacy and "event_data" not in legacy:
         raise AdkImportError(f"cannot import the ADK database at {where}: {_MIGRATE_FIRST}")
+    # No metadata, and events kept as JSON: ADK reads it as its current schema (a file of
+    # ADK's SqliteSessionService, say, which writes the same tables).
+    if "event_data" in legacy and {"sessions", "app_states", "user_states"} <= set(found):
+        return
     raise AdkImportError(f"{where} is not a database of ADK's DatabaseSessionService")
 
 
@@ -304,6 +327,19 @@ def _refuse(what: str, reason: str) -> AdkImportError:
     return AdkImportError(f"cannot import {what}: {reason}; nothing was imported")
 
 
+def _object(value: Any, what: str) -> dict[str, Any]:
+    """A JSON object of the source (NULL: an empty one).
+
+    Raises:
+        InvalidArgumentError: it is another JSON value, which ADK cannot read either.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"{what} is not a JSON object but {type(value).__name__}")
+    return value
+
+
 def _session_row(org_id: str, row: Row[Any]) -> dict[str, Any]:
     what = f"ADK session {row.id!r} of user {row.user_id!r} in app {row.app_name!r}"
     try:
@@ -311,7 +347,7 @@ def _session_row(org_id: str, row: Row[Any]) -> dict[str, Any]:
         validate_id("user_id", row.user_id)
         durable_id = durable_session_id(row.app_name, row.user_id, row.id)
         validate_id("session id", durable_id)
-        state = dict(row.state or {})
+        state = dict(_object(row.state, "its state"))
         for key, value in state.items():
             if scope_of(validate_key(key)) != "private":
                 raise InvalidArgumentError(f"its state key {key!r} is not a session key")
@@ -333,11 +369,11 @@ def _event_row(
 ) -> dict[str, Any]:
     """The durable row of an ADK event (``row`` without its data, ``event_data``): the event
     as ADK returns it, stored as the adapter stores an appended one."""
-    data = dict(event_data or {})
-    if data.get("timestamp") is None:  # as ADK reads it: the column when the JSON has none
-        data["timestamp"] = _utc(row.timestamp).timestamp()
     what = f"event {row.id!r} of ADK session {row.session_id!r} of user {row.user_id!r}"
     try:
+        data = dict(_object(event_data, "its data"))
+        if data.get("timestamp") is None:  # as ADK reads it: the column when the JSON has none
+            data["timestamp"] = _utc(row.timestamp).timestamp()
         event = AdkEvent.model_validate(
             {**data, "id": row.id, "invocation_id": row.invocation_id or ""}
         )
@@ -363,7 +399,12 @@ def _state_rows(
     org_id: str, row: Row[Any], prefix: str, user_id: str | None
 ) -> list[dict[str, Any]]:
     rows = []
-    for key, value in (row.state or {}).items():
+    try:
+        validate_id("app_name", row.app_name, allow_empty=True)
+        state = _object(row.state, "it")
+    except InvalidArgumentError as exc:
+        raise _refuse(f"the {prefix} state of app {row.app_name!r}", str(exc)) from None
+    for key, value in state.items():
         try:
             validate_key(prefix + key if isinstance(key, str) else key)
             validate_value(prefix + key, value)

@@ -240,10 +240,10 @@ def search_vector(content: Any) -> str:
     words, or with a word repeated more than ``MAX_REPEATS`` times, the words without
     positions.
 
-    The vector revision 0003's ``ds_search_vector`` gives the same text (a content's strings
-    are taken here in the order its objects hold their keys, there in ``jsonb``'s; the two
-    differ only past ``MAX_TEXT`` characters, where each cuts its own text). Writes send it
-    (revision 0008), so that Postgres does not compute it for every event.
+    The vector Postgres's ``ds_search_vector`` gives of the ``json`` content, its strings
+    in stored order (revision 0009; revision 0003's, of ``jsonb``, reads object keys in
+    ``jsonb``'s order). Writes send it (revision 0008), so that Postgres does not compute it
+    for every event.
     """
     found = words(event_text(content))
     n = len(found)

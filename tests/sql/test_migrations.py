@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import json
 import os
 import sys
 import threading
@@ -20,6 +21,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import Event, Manager, SQLStore, StoreUnavailableError
+from durable_sessions.fulltext import search_vector
 from durable_sessions.migrate import (
     current,
     downgrade,
@@ -137,7 +139,7 @@ def test_script_location_and_head() -> None:
     assert (location / "env.py").is_file()
     assert (location / "script.py.mako").is_file()
     assert (location / "versions" / "0001_initial.py").is_file()
-    assert head() == "0008"
+    assert head() == "0009"
 
 
 def test_revisions_are_frozen_snapshots() -> None:
@@ -615,5 +617,108 @@ async def test_revision_0008_keeps_the_vectors_and_the_writes_send_them(
         await store.append_event("org", "s", Event("user", content={"text": "up again"}))
         assert all(same for _, same in (await _vectors(engine)).values())
         assert len(await store.search("org", "again")) == 1
+    finally:
+        await engine.dispose()
+
+
+# Its text passes 200,000 characters: read in stored order, "tail" is cut; in jsonb's order
+# (shorter keys first) it comes first.
+LONG_CONTENT = {"bb": "y " * 100_000, "a": "tail"}
+SHORT_CONTENT = {"text": "tail short", "b": "x"}
+
+
+async def _raw_insert(engine: AsyncEngine, seq: int, content: Any) -> None:
+    """An insert that sends no vector (an import, an older writer): the trigger fills it."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO ds_events (org_id, session_id, seq, id, author, invocation_id, "
+                "content, state_delta, tokens, timestamp) VALUES ('org', 's', :seq, :id, 'u', "
+                "'', CAST(:content AS json), '{}', 0, "
+                "now() + make_interval(secs => CAST(:secs AS double precision)))"
+            ),
+            {"seq": seq, "secs": seq, "id": f"raw{seq}", "content": json.dumps(content)},
+        )
+
+
+async def _stored_vectors(engine: AsyncEngine) -> dict[tuple[str, int], tuple[str, bool]]:
+    """Each event's stored vector, and whether it is ``fulltext.search_vector`` of its
+    content (its strings in stored order)."""
+    async with engine.connect() as conn:
+        rows = (
+            await conn.exec_driver_sql(
+                "SELECT session_id, seq, content::text, search_vector::text FROM ds_events"
+            )
+        ).all()
+        out = {}
+        for session_id, seq, content, vector in rows:
+            same = await conn.execute(
+                text("SELECT CAST(:v AS tsvector) = CAST(:w AS tsvector)"),
+                {"v": vector, "w": search_vector(json.loads(content))},
+            )
+            out[(session_id, seq)] = (vector, bool(same.scalar()))
+        return out
+
+
+async def _search_functions_of_json(engine: AsyncEngine) -> list[str | None]:
+    async with engine.connect() as conn:
+        found = await conn.exec_driver_sql(
+            "SELECT to_regprocedure('ds_search_text(json)')::text, "
+            "to_regprocedure('ds_search_vector(json)')::text"
+        )
+        return list(found.one())
+
+
+@pytest.mark.postgres
+async def test_revision_0009_reads_contents_in_stored_order_both_ways(
+    fresh_pg_url: Callable[[], str],
+) -> None:
+    """0009 makes Postgres read a content's strings in stored order: the trigger's vectors
+    and the vectors stored before of the events whose text may pass 200,000 characters
+    (computed again), and a search's count of an event's words; the downgrade puts back
+    0008's trigger (jsonb's order), keeps the vectors, and a store searches on as before."""
+    engine = create_async_engine(fresh_pg_url())
+    try:
+        await upgrade(engine, "0008")
+        store = SQLStore(engine)
+        await Manager(store).create("org", "u", id="s")
+        await _raw_insert(engine, 1, LONG_CONTENT)
+        await _raw_insert(engine, 2, SHORT_CONTENT)
+        before = await _stored_vectors(engine)
+        assert "'tail'" in before[("s", 1)][0]  # cut in jsonb's order
+        assert not before[("s", 1)][1]
+        assert not before[("s", 2)][1]  # its positions in jsonb's order
+        assert await _search_functions_of_json(engine) == [None, None]
+
+        await upgrade(engine, "0009")
+        assert await _generated(engine) == ""
+        assert await _search_functions_of_json(engine) == [
+            "ds_search_text(json)",
+            "ds_search_vector(json)",
+        ]
+        after = await _stored_vectors(engine)
+        assert "'tail'" not in after[("s", 1)][0]
+        assert after[("s", 1)][1]  # computed again, in stored order
+        # Short: not computed again (its text is not cut; only its positions differ).
+        assert after[("s", 2)] == before[("s", 2)]
+        assert [h.event.seq for h in await store.search("org", "tail")] == [2]
+
+        await downgrade(engine, "0008")
+        assert await _search_functions_of_json(engine) == [None, None]
+        assert await _stored_vectors(engine) == after  # kept
+        assert [h.event.seq for h in await store.search("org", "tail")] == [2]  # jsonb cast
+        await _raw_insert(engine, 3, LONG_CONTENT)  # 0008's trigger again: jsonb's order
+        assert not (await _stored_vectors(engine))[("s", 3)][1]
+
+        await upgrade(engine)
+        await _raw_insert(engine, 4, LONG_CONTENT)  # the trigger: stored order
+        await Manager(store).create("org", "u", id="t")
+        await store.append_event("org", "t", Event("u", content=LONG_CONTENT))  # sent
+        final = await _stored_vectors(engine)
+        assert final[("s", 3)][1]
+        assert final[("s", 4)][1]
+        assert final[("t", 1)][1]
+        assert final[("s", 2)] == before[("s", 2)]
+        assert [h.event.seq for h in await store.search("org", "tail")] == [2]
     finally:
         await engine.dispose()

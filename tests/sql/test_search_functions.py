@@ -143,26 +143,71 @@ def _jsonb_order(value: Any) -> Any:
     return value
 
 
+def _long_contents() -> list[Any]:
+    """Contents whose text passes 200,000 characters, with keys ``jsonb`` would reorder
+    (shorter first): their stored order decides what is cut, and where words are."""
+    return [
+        {"bb": "y " * 100_000, "a": "tail"},
+        {"bb": "head", "a": "y " * 100_000},
+        {"bb": "y " * 90_000 + "x " * 20_000, "a": "x " * 100_000},
+        {"zz": {"long": ["w" * 10 + " "] * 18_000, "k": "after é"}, "a": "first"},
+        {"text": "z" * 199_999, "b": ["cut", "gone"]},
+    ]
+
+
+# JSON texts as other writers store them: spaced, indented, escaped (ensure_ascii, with
+# surrogate pairs), keys spaced from their colons.
+RAW_TEXTS = [
+    '{"a" : "x" , "b"\n:\t"y", "c":\r\n ["z" ,"w" ]}',
+    '{"key:": "a:b", "q\\"": "\\"quoted\\" \\\\ end\\\\", "k": ":"}',
+    '["\\u00e9t\\u00e9 \\ud83d\\ude00 caf\\u00c9", {"n": 1, "s": "\\n\\t\\/x\\b"}]',
+    '"  top level  "',
+    '{"": "", "e": ""}',
+]
+
+
 async def test_the_vector_a_write_sends_is_the_one_postgres_computes(
     migrated_pg_url: str,
 ) -> None:
     """``fulltext.search_vector``, which the writes send (revision 0008), gives for every
-    content of the corpus exactly the vector of ``ds_search_vector``, which computed it
-    before and still does for an insert that sends none; its branches are all reached."""
-    from durable_sessions.fulltext import search_vector
+    content of the corpus exactly the vector of ``ds_search_vector`` of the ``json`` content
+    (revision 0009), which the trigger computes for an insert that sends none, and
+    ``fulltext.event_text`` exactly its ``ds_search_text``: strings in stored key order,
+    also past 200,000 characters, for every way a JSON text may be written. Revision 0003's
+    ``jsonb`` version gives the same vector of a content whose keys are in ``jsonb``'s
+    order. Every branch is reached."""
+    from durable_sessions.fulltext import event_text, search_vector
 
-    contents = [_jsonb_order(c) for c in _contents(_texts())]
-    sent = [search_vector(c) for c in contents]
+    contents = [*_contents(_texts()), *_long_contents()]
+    texts = [json.dumps(c) for c in contents]
+    texts += [json.dumps(c, ensure_ascii=False, separators=(",", ":")) for c in contents[:50]]
+    texts += [json.dumps(c, indent=2) for c in contents[:50]] + RAW_TEXTS
+    sent = [search_vector(json.loads(t)) for t in texts]
+    read = [event_text(json.loads(t)) for t in texts]
+    reordered = [_jsonb_order(c) for c in contents]
     engine = create_async_engine(migrated_pg_url)
     try:
         async with engine.connect() as conn:
+            differing = await conn.execute(
+                text(
+                    "SELECT i, c FROM unnest(CAST(:cs AS json[]), CAST(:vs AS text[]), "
+                    "CAST(:ts AS text[])) WITH ORDINALITY AS u(c, v, t, i) "
+                    "WHERE CAST(v AS tsvector)::text IS DISTINCT FROM ds_search_vector(c)::text "
+                    "OR t IS DISTINCT FROM ds_search_text(c)"
+                ),
+                {"cs": texts, "vs": sent, "ts": read},
+            )
+            assert [str(row.c)[:80] for row in differing] == []
             differing = await conn.execute(
                 text(
                     "SELECT i, c FROM unnest(CAST(:cs AS jsonb[]), CAST(:vs AS text[])) "
                     "WITH ORDINALITY AS u(c, v, i) "
                     "WHERE CAST(v AS tsvector) IS DISTINCT FROM ds_search_vector(c)"
                 ),
-                {"cs": [json.dumps(c) for c in contents], "vs": sent},
+                {
+                    "cs": [json.dumps(c) for c in reordered],
+                    "vs": [search_vector(c) for c in reordered],
+                },
             )
             assert [str(row.c)[:80] for row in differing] == []
     finally:
@@ -170,3 +215,6 @@ async def test_the_vector_a_write_sends_is_the_one_postgres_computes(
     assert "" in sent  # no words
     assert any(":" not in v and v for v in sent)  # positions dropped (a word 256 times)
     assert max(v.count("'") // 2 for v in sent) > 16_382  # past the positions kept
+    # The long contents: stored order differs from jsonb's, past the cut.
+    for content in _long_contents():
+        assert search_vector(content) != search_vector(_jsonb_order(content))

@@ -50,12 +50,19 @@ def fts_match(text: str) -> str:
     return " ".join(f'"{word}"' for word in query_words(text))
 
 
-def search_query(postgres: bool, user: bool, app: bool, session: bool) -> Any:
+def search_query(
+    postgres: bool, user: bool, app: bool, session: bool, *, stored_order: bool = True
+) -> Any:
     """``search``: one organisation's events holding every word of the text, best first.
 
     Best: the most occurrences of the words (each event's rank), then the newest, then
     by session id and seq (code point order), so that every store orders hits alike.
     Every table is filtered on ``org_id = :k_org`` (one shard on Citus).
+
+    Postgres counts the words of an event whose vector has no positions from its text:
+    ``ds_search_text`` of the ``json`` content, its strings in stored order (revision
+    0009); without ``stored_order`` (a schema before 0009) of the content cast to
+    ``jsonb``, as revisions 0003 to 0008 read it.
     """
     org: Any = bindparam("k_org")
     rank: Any
@@ -88,11 +95,10 @@ def search_query(postgres: bool, user: bool, app: bool, session: bool) -> Any:
             .where(lexemes.c.lexeme == wanted())
             .scalar_subquery()
         )
+        content = E.c.content if stored_order else cast(E.c.content, JSONB)
         found = (
             func.unnest(
-                func.ds_search_words(
-                    func.ds_search_text(cast(E.c.content, JSONB), type_=Text), type_=ARRAY(Text)
-                )
+                func.ds_search_words(func.ds_search_text(content, type_=Text), type_=ARRAY(Text))
             )
             .table_valued(column("word", Text))
             .render_derived("found")

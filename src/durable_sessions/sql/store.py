@@ -11,6 +11,7 @@ import builtins
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -69,6 +70,8 @@ T = TypeVar("T")
 _LOCK_CONFLICTS = ("55P03", "40P01")
 # Postgres: program_limit_exceeded (a json text past its 1 GB, or a jsonb value past 256 MB).
 _TOO_LARGE = ("54000",)
+# Postgres: undefined_function (``ds_search_text(json)`` of revision 0009 not there).
+_NO_FUNCTION = ("42883",)
 
 
 def _sqlstate_in(exc: BaseException, codes: tuple[str, ...]) -> bool:
@@ -147,6 +150,9 @@ class SQLStore:
         # Postgres: whether writes send search vectors (revision 0008's plain column); None
         # until the first operation asks the database, with the mode (``_ready``).
         self._vectors: bool | None = None
+        # Postgres: whether search reads contents in stored order (``ds_search_text(json)``,
+        # revision 0009); set off by a search that finds no such function (an older schema).
+        self._stored_order = True
         self._wanted = distributed
         if ops.is_postgres:
             self._distributed = distributed
@@ -219,6 +225,7 @@ class SQLStore:
             self._choose(distributed, vectors=bool(found.vectors))
             # Without the table (not migrated yet) the next operation asks again.
             self._vectors = found.vectors
+            self._stored_order = True
 
     async def close(self) -> None:
         """Dispose the engine if this store created it (``from_url``); otherwise do nothing."""
@@ -232,6 +239,7 @@ class SQLStore:
         await upgrade(self._engine, revision)
         if self._ops.is_postgres:
             self._vectors = None  # the next operation looks at the migrated schema again
+            self._stored_order = True
 
     async def _run(self, job: Job[T], operation: str) -> T:
         return await self._runner.run(job.program, job.mode, operation)
@@ -738,13 +746,23 @@ class SQLStore:
         shape = (user_id is not None, app_name is not None, session_id is not None)
         await self._ready("search")
         postgres = self._ops.is_postgres
-        stmt = self._q.shape(("search", *shape), lambda: search_query(postgres, *shape))
         params = {
             "k_org": org_id, "k_text": text, "k_match": "" if postgres else fts_match(text),
             "k_user": user_id, "k_app": app_name, "k_session": session_id, "k_limit": limit,
         }  # fmt: skip
-        program = self._programs.rows(stmt, params, _hit_from_row)
-        return await self._runner.run(program, "read", "search")
+        while True:
+            ordered = self._stored_order
+            build = partial(search_query, postgres, *shape, stored_order=ordered)
+            stmt = self._q.shape(("search", ordered, *shape), build)
+            program = self._programs.rows(stmt, params, _hit_from_row)
+            try:
+                return await self._runner.run(program, "read", "search")
+            except (StoreError, SchemaNotMigratedError) as exc:
+                # A schema before revision 0009 (downgraded since the store looked): search
+                # as it reads contents, cast to jsonb.
+                if not (postgres and ordered and _sqlstate_in(exc, _NO_FUNCTION)):
+                    raise
+                self._stored_order = False
 
 
 def _hit_from_row(row: Any) -> SearchHit:

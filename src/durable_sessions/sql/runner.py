@@ -587,7 +587,10 @@ class PostgresRunner(Runner):
                 if began:
                     await _pg_commit_left_open(fairy)
                     began = False
-                if mode == "write" or not await _pg_default_is_read_committed(fairy):
+                if mode == "write" or not (
+                    # known for this connection (the common case): no coroutine to await
+                    fairy.info.get(PG_READ_COMMITTED) or await _pg_default_is_read_committed(fairy)
+                ):
                     began = True
                     await driver.execute(_PG_BEGIN)
                     result = await self._drive(driver, program)

@@ -11,8 +11,8 @@ import asyncio
 import re
 import socket
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextvars import Token
+from types import TracebackType
 
 from sqlalchemy import exc as sa_exc
 
@@ -20,6 +20,7 @@ from ..errors import SchemaNotMigratedError, SessionError, StoreError, StoreUnav
 from .attempts import CURRENT, MIGRATE_HINT, Attempt
 
 __all__ = [
+    "Translated",
     "describe",
     "driver_error",
     "is_disconnect",
@@ -40,9 +41,20 @@ _SECRETS = re.compile(r"[a-z][a-z0-9+.-]*://\S*|\bpassword\s*[=:]\s*\S*", re.IGN
 _BACKGROUND = re.compile(r"\s*\(Background on this error at:[^)]*\)")
 
 
-@contextmanager
-def translated(operation: str, *, writes: bool = True, creates: bool = False) -> Iterator[None]:
-    """Turn driver and SQLAlchemy errors into the library's error tree.
+_DRIVER_ERRORS = (
+    sa_exc.DBAPIError,
+    sqlite3.Error,
+    OSError,
+    TimeoutError,
+    sa_exc.DisconnectionError,
+    sa_exc.TimeoutError,
+)
+# asyncpg's own errors, and SQLAlchemy's adapters of them (raised by the pool).
+_DRIVER_MODULES = ("asyncpg", "sqlalchemy.dialects")
+
+
+def translated(operation: str, *, writes: bool = True, creates: bool = False) -> Translated:
+    """Turn driver and SQLAlchemy errors into the library's error tree (a ``with`` block).
 
     The error names the driver's own message (never a URL or password). It says the
     operation may not have completed only when ``writes`` and a connection was made, for
@@ -50,37 +62,50 @@ def translated(operation: str, *, writes: bool = True, creates: bool = False) ->
     A SQLite file that does not exist is not created (``SchemaNotMigratedError``), unless
     ``creates`` (migrations).
     """
-    attempt = Attempt(operation, creates=creates)
-    token = CURRENT.set(attempt)
+    return Translated(operation, writes, creates)
 
-    def mapped(exc: BaseException) -> SessionError:
-        return translate_error(operation, exc, writes=writes, connecting=attempt.connecting)
 
-    try:
-        yield
-    except SessionError:
-        raise
-    except (
-        sa_exc.DBAPIError,
-        sqlite3.Error,
-        OSError,
-        TimeoutError,
-        sa_exc.DisconnectionError,
-        sa_exc.TimeoutError,
-    ) as exc:
-        raise mapped(exc) from exc
-    except Exception as exc:
-        # asyncpg's own errors, and SQLAlchemy's adapters of them (raised by the pool).
-        if type(exc).__module__.startswith(("asyncpg", "sqlalchemy.dialects")):
-            raise translate_error(
-                operation, exc, writes=writes, connecting=attempt.connecting
-            ) from exc
-        raise
-    finally:
+class Translated:
+    """``translated``'s context manager: a class rather than a generator, for it wraps every
+    store operation (entered and left in about half a generator's time)."""
+
+    __slots__ = ("_attempt", "_token", "_writes")
+
+    def __init__(self, operation: str, writes: bool, creates: bool) -> None:
+        self._attempt = Attempt(operation, creates=creates)
+        self._writes = writes
+        self._token: Token[Attempt | None] | None = None
+
+    def __enter__(self) -> None:
+        self._token = CURRENT.set(self._attempt)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         try:
-            CURRENT.reset(token)
-        except ValueError:  # left in another context (an async generator moved on)
-            CURRENT.set(None)
+            if (
+                isinstance(exc, Exception)
+                and not isinstance(exc, SessionError)
+                and (
+                    isinstance(exc, _DRIVER_ERRORS)
+                    or type(exc).__module__.startswith(_DRIVER_MODULES)
+                )
+            ):
+                attempt = self._attempt
+                raise translate_error(
+                    attempt.operation, exc, writes=self._writes, connecting=attempt.connecting
+                ) from exc
+            # No exception, or one that is not the driver's: it propagates unchanged.
+        finally:
+            token, self._token = self._token, None
+            try:
+                if token is not None:
+                    CURRENT.reset(token)
+            except ValueError:  # left in another context (an async generator moved on)
+                CURRENT.set(None)
 
 
 def driver_error(exc: BaseException) -> BaseException:

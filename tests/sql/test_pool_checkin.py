@@ -283,3 +283,27 @@ async def test_a_checkout_that_may_reach_the_driver_goes_through_a_greenlet(
     if case in ("invalidated", "pool"):
         assert len(opened) == 2  # the dropped connection was replaced, in a greenlet
     assert engine.sync_engine.pool.checkedout() == 0
+
+
+@pytest.mark.parametrize("lifo", [False, True])
+async def test_one_task_after_a_burst_keeps_to_the_connection_it_last_returned(
+    make_engine: Callable[..., Any], lifo: bool
+) -> None:
+    """After a burst has opened several connections, a task running one operation after
+    another gets the connection it returned last every time, not each idle one in turn
+    (a FIFO pool's own order, which leaves each connection cold by the time it comes
+    round); the other connections stay open and idle in the pool."""
+    engine, opened = await make_engine(pool_size=4, pool_use_lifo=lifo)
+    store = SQLStore(engine)
+    await every_kind_of_operation(store)
+    async with engine.connect(), engine.connect(), engine.connect(), engine.connect():
+        pass  # four connections open, all idle again
+    assert len(opened) == 4
+    returned: list[Any] = []
+    event.listen(engine.sync_engine.pool, "checkin", lambda conn, rec: returned.append(conn))
+    for _ in range(3):
+        await every_kind_of_operation(store)
+    assert len(returned) >= 15  # every operation's connection came back
+    assert len({id(conn) for conn in returned}) == 1, "one task cycled through the pool"
+    assert len(opened) == 4
+    assert engine.sync_engine.pool.checkedin() == 4

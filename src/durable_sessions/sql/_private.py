@@ -40,6 +40,7 @@ __all__ = [
     "engine_has_events",
     "greenlet_spawn",
     "invalidate_pool",
+    "newest_idle_first",
     "returning_columns",
 ]
 
@@ -299,9 +300,9 @@ def checkin_without_io(pool: Pool, fairy: Any) -> bool:
 
 
 def checkout_without_io(pool: Pool) -> bool:
-    """Whether ``pool.connect()`` cannot reach the driver, so that it may run outside a
-    greenlet: a queue pool with no pre-ping, whose next idle connection (the one
-    ``connect`` takes: the oldest, or the newest with ``use_lifo``) is open and needs no
+    """Whether ``pool.connect()`` after ``newest_idle_first(pool)`` cannot reach the driver,
+    so that both may run outside a greenlet: a queue pool with no pre-ping, whose newest
+    idle connection (the one most recently checked in) is open and needs no
     reconnect (no recycle age, no pool-wide or soft invalidation since it opened), taken
     without waiting (the overflow is not used up), and no ``checkout`` listener but those
     that run once per connection and have run on that one (a ``done_key`` attribute naming
@@ -321,7 +322,7 @@ def checkout_without_io(pool: Pool) -> bool:
         idle = waiting._queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's deque
         if not idle:
             return False
-        record = idle[-1] if waiting.use_lifo else idle[0]
+        record = idle[-1]  # the newest, FIFO (a deque) or LIFO (a list) alike
         for listener in pool.dispatch.checkout:
             done_key = getattr(listener, "done_key", None)
             if done_key is None or not record.info.get(done_key):
@@ -331,6 +332,24 @@ def checkout_without_io(pool: Pool) -> bool:
         )
     except AttributeError:
         return False
+
+
+def newest_idle_first(pool: Pool) -> None:
+    """Make the idle connection checked in last the one ``pool.connect()`` takes next, in a
+    pool that ``checkout_without_io`` accepted (a plain call: no await can come between).
+
+    A FIFO queue pool (SQLAlchemy's default) lends its idle connections in turn: after a
+    burst of concurrent operations, one task then cycles through them all, each one's
+    driver state, server backend (or aiosqlite thread and page cache) cold by the time it
+    comes round. One sequential task measured here: a Postgres fork-equivalent of the ADK
+    adapter took 0.78 ms on one warm connection, 1.11 ms cycling through 16. Any idle
+    connection serves, so the runner takes the warm one, as ``pool_use_lifo`` would; the
+    others stay idle, in their order, for the pool's own checkouts."""
+    waiting: Any = pool._pool  # type: ignore[attr-defined]
+    if not waiting.use_lifo:
+        idle = waiting._queue._queue  # asyncio.Queue's deque, taken from the left
+        if len(idle) > 1:
+            idle.appendleft(idle.pop())
 
 
 def _may_close_on_return(pool: Pool) -> bool:

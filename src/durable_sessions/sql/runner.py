@@ -30,6 +30,7 @@ from ._private import (
     engine_has_events,
     greenlet_spawn,
     invalidate_pool,
+    newest_idle_first,
 )
 from .compiled import Compiled
 from .dialect import pin_read_committed
@@ -164,8 +165,9 @@ class Runner:
         """
         pool = self.engine.sync_engine.pool
         if checkout_without_io(pool):
-            # An idle connection that needs nothing of the driver: taken in a plain call,
-            # with no await at which a cancellation could fall.
+            # The idle connection checked in last (the warmest), which needs nothing of the
+            # driver: taken in plain calls, with no await at which a cancellation could fall.
+            newest_idle_first(pool)
             return pool.connect()
         task = asyncio.current_task()
         requests = _cancel_requests(task)

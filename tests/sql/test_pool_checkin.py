@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from durable_sessions import Event, Session, SessionNotFoundError, SQLStore
-from durable_sessions.sql import runner
+from durable_sessions.sql import _private, runner
 from support.sql import SQL_BACKENDS, run_through_dbapi
 
 pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
@@ -285,6 +285,25 @@ async def test_a_checkout_that_may_reach_the_driver_goes_through_a_greenlet(
     assert engine.sync_engine.pool.checkedout() == 0
 
 
+async def burst(store: SQLStore, sid: str, tasks: int) -> None:
+    """``tasks`` reads at once: each holds a connection of its own over its await."""
+    await asyncio.gather(*(store.get("o", sid) for _ in range(tasks)))
+
+
+async def used_in_turn(store: SQLStore, engine: AsyncEngine, operations: int) -> list[int]:
+    """The connection each of ``operations`` sequential operations was lent, in order."""
+    returned: list[int] = []
+
+    def on_checkin(conn: Any, rec: Any) -> None:
+        returned.append(id(conn))
+
+    event.listen(engine.sync_engine.pool, "checkin", on_checkin)
+    for _ in range(operations):
+        await every_kind_of_operation(store)
+    event.remove(engine.sync_engine.pool, "checkin", on_checkin)
+    return returned
+
+
 @pytest.mark.parametrize("lifo", [False, True])
 async def test_one_task_after_a_burst_keeps_to_the_connection_it_last_returned(
     make_engine: Callable[..., Any], lifo: bool
@@ -295,15 +314,35 @@ async def test_one_task_after_a_burst_keeps_to_the_connection_it_last_returned(
     round); the other connections stay open and idle in the pool."""
     engine, opened = await make_engine(pool_size=4, pool_use_lifo=lifo)
     store = SQLStore(engine)
-    await every_kind_of_operation(store)
-    async with engine.connect(), engine.connect(), engine.connect(), engine.connect():
-        pass  # four connections open, all idle again
+    sid = f"pool-{uuid.uuid4().hex}"
+    await store.create(Session(org_id="o", id=sid, app_name="a", user_id="u"))
+    await burst(store, sid, 4)
     assert len(opened) == 4
-    returned: list[Any] = []
-    event.listen(engine.sync_engine.pool, "checkin", lambda conn, rec: returned.append(conn))
-    for _ in range(3):
-        await every_kind_of_operation(store)
+    returned = await used_in_turn(store, engine, 3)
     assert len(returned) >= 15  # every operation's connection came back
-    assert len({id(conn) for conn in returned}) == 1, "one task cycled through the pool"
+    assert len(set(returned)) == 1, "one task cycled through the pool"
     assert len(opened) == 4
     assert engine.sync_engine.pool.checkedin() == 4
+
+
+async def test_idle_connections_still_get_their_turn_in_a_fifo_pool(
+    make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a FIFO pool (SQLAlchemy's default order) a connection left idle for
+    ``REVISIT_AFTER`` seconds, or never returned by the runner, is lent again before the
+    warm one: each keeps being used, as in the pool's own order, instead of sitting idle
+    until a server or a proxy drops it."""
+    monkeypatch.setattr(_private, "REVISIT_AFTER", 1.0)
+    engine, opened = await make_engine(pool_size=4)
+    store = SQLStore(engine)
+    if len(opened) == 1:  # SQLite's first engine migrated the database
+        await engine.dispose()
+        opened.clear()
+    async with engine.connect(), engine.connect(), engine.connect():
+        pass  # opened and returned by the pool's own users, never by the runner
+    assert len(opened) == 3
+    assert len(set(await used_in_turn(store, engine, 4))) == 3  # each got a turn
+    assert len(set(await used_in_turn(store, engine, 4))) == 1  # then the warm one only
+    await asyncio.sleep(1.2)
+    assert len(set(await used_in_turn(store, engine, 4))) == 3  # due again: each one
+    assert len(opened) == 3

@@ -18,6 +18,7 @@ import importlib
 import sqlite3
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from importlib import metadata
 from typing import Any
@@ -30,6 +31,7 @@ from sqlalchemy.sql.dml import UpdateBase
 from sqlalchemy.util.queue import AsyncAdaptedQueue
 
 __all__ = [
+    "RETURNED",
     "TESTED",
     "aiosqlite_connection",
     "aiosqlite_execute",
@@ -40,7 +42,6 @@ __all__ = [
     "engine_has_events",
     "greenlet_spawn",
     "invalidate_pool",
-    "newest_idle_first",
     "returning_columns",
 ]
 
@@ -299,57 +300,71 @@ def checkin_without_io(pool: Pool, fairy: Any) -> bool:
     return not _may_close_on_return(pool)
 
 
-def checkout_without_io(pool: Pool) -> bool:
-    """Whether ``pool.connect()`` after ``newest_idle_first(pool)`` cannot reach the driver,
-    so that both may run outside a greenlet: a queue pool with no pre-ping, whose newest
-    idle connection (the one most recently checked in) is open and needs no
-    reconnect (no recycle age, no pool-wide or soft invalidation since it opened), taken
-    without waiting (the overflow is not used up), and no ``checkout`` listener but those
+RETURNED = "durable_sessions_returned"
+"""Key of a pool record's ``info``: when the runner last checked that connection in
+(``time.monotonic()``; cleared with the rest of ``info`` when the pool reconnects)."""
+
+REVISIT_AFTER = 30.0
+"""Seconds after which an idle connection of a FIFO pool is lent again before the warm one
+(``checkout_without_io``)."""
+
+
+def checkout_without_io(pool: Pool) -> Any | None:
+    """Check a connection out of ``pool`` in plain calls, when nothing in that checkout can
+    reach the driver; return it, or None when the caller must check out through a greenlet
+    (always correct). Fail-closed: whatever it cannot read (a private name gone in another
+    SQLAlchemy version) answers None.
+
+    It lends an idle connection of a queue pool with no pre-ping, taken without waiting
+    (the overflow is not used up), that is open and needs no reconnect (no recycle age, no
+    pool-wide or soft invalidation since it opened), with no ``checkout`` listener but those
     that run once per connection and have run on that one (a ``done_key`` attribute naming
-    the key they set in the connection record's ``info``). Otherwise, and for whatever it
-    cannot read (a private name gone in another SQLAlchemy version), it answers False, and
-    the caller checks out through a greenlet, as always correct."""
+    the key they set in the connection record's ``info``).
+
+    Which idle connection: the one checked in last (the warm one), as ``pool_use_lifo``
+    would. A FIFO pool (SQLAlchemy's default) lends its idle connections in turn, so that
+    after a burst of concurrent operations one task cycles through them all, each one's
+    driver state and server backend (or aiosqlite thread and page cache) cold by its turn:
+    a Postgres fork-equivalent of the ADK adapter, one task, took 0.78 ms on one warm
+    connection and 1.11 ms cycling through 16. In a FIFO pool the oldest idle connection
+    still gets its turn once it has sat unused by the runner for ``REVISIT_AFTER`` seconds
+    (or was never checked in by it): each connection keeps being used, as in the pool's own
+    order, rather than left to a server's or a proxy's idle timeout."""
     try:
         if not isinstance(pool, QueuePool) or pool._pre_ping:
-            return False
+            return None
         if pool._recycle > -1 or pool._invalidate_time:
-            return False
+            return None
         if -1 < pool._max_overflow <= pool._overflow:  # QueuePool._do_get would wait
-            return False
+            return None
         waiting = pool._pool
         if not isinstance(waiting, AsyncAdaptedQueue):
-            return False
+            return None
         idle = waiting._queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's deque
         if not idle:
-            return False
-        record = idle[-1]  # the newest, FIFO (a deque) or LIFO (a list) alike
+            return None
+        # The newest: the end of a LIFO queue's list (taken from there), or of a FIFO
+        # queue's deque (taken from its start) unless its oldest is due a turn.
+        newest = waiting.use_lifo or len(idle) == 1 or not _due(idle[0])
+        record = idle[-1] if newest else idle[0]
         for listener in pool.dispatch.checkout:
             done_key = getattr(listener, "done_key", None)
             if done_key is None or not record.info.get(done_key):
-                return False
-        return bool(
-            record.dbapi_connection is not None and record._soft_invalidate_time <= record.starttime
-        )
+                return None
+        if record.dbapi_connection is None or record._soft_invalidate_time > record.starttime:
+            return None
     except AttributeError:
-        return False
+        return None
+    if newest and not waiting.use_lifo:
+        idle.appendleft(idle.pop())  # where the FIFO queue takes from
+    return pool.connect()
 
 
-def newest_idle_first(pool: Pool) -> None:
-    """Make the idle connection checked in last the one ``pool.connect()`` takes next, in a
-    pool that ``checkout_without_io`` accepted (a plain call: no await can come between).
-
-    A FIFO queue pool (SQLAlchemy's default) lends its idle connections in turn: after a
-    burst of concurrent operations, one task then cycles through them all, each one's
-    driver state, server backend (or aiosqlite thread and page cache) cold by the time it
-    comes round. One sequential task measured here: a Postgres fork-equivalent of the ADK
-    adapter took 0.78 ms on one warm connection, 1.11 ms cycling through 16. Any idle
-    connection serves, so the runner takes the warm one, as ``pool_use_lifo`` would; the
-    others stay idle, in their order, for the pool's own checkouts."""
-    waiting: Any = pool._pool  # type: ignore[attr-defined]
-    if not waiting.use_lifo:
-        idle = waiting._queue._queue  # asyncio.Queue's deque, taken from the left
-        if len(idle) > 1:
-            idle.appendleft(idle.pop())
+def _due(record: Any) -> bool:
+    """Whether an idle connection has not been checked in by the runner for
+    ``REVISIT_AFTER`` seconds (or ever)."""
+    returned = record.info.get(RETURNED)
+    return returned is None or time.monotonic() - returned >= REVISIT_AFTER
 
 
 def _may_close_on_return(pool: Pool) -> bool:

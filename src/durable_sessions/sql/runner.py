@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
@@ -22,6 +23,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ._private import (
+    RETURNED,
     aiosqlite_connection,
     aiosqlite_execute,
     checkin_reset,
@@ -30,7 +32,6 @@ from ._private import (
     engine_has_events,
     greenlet_spawn,
     invalidate_pool,
-    newest_idle_first,
 )
 from .compiled import Compiled
 from .dialect import pin_read_committed
@@ -164,11 +165,11 @@ class Runner:
         returned, nothing awaits before the caller's ``try`` takes the connection over.
         """
         pool = self.engine.sync_engine.pool
-        if checkout_without_io(pool):
-            # The idle connection checked in last (the warmest), which needs nothing of the
-            # driver: taken in plain calls, with no await at which a cancellation could fall.
-            newest_idle_first(pool)
-            return pool.connect()
+        # An idle connection that needs nothing of the driver (the warm one, see there):
+        # taken in plain calls, with no await at which a cancellation could fall.
+        fairy = checkout_without_io(pool)
+        if fairy is not None:
+            return fairy
         task = asyncio.current_task()
         requests = _cancel_requests(task)
         # Straight from the pool (its checkout events, pre-ping and reset still apply),
@@ -182,6 +183,7 @@ class Runner:
         """Return a connection that the runner has seen outside any transaction."""
         if not fairy.is_valid:  # terminated (and returned) by _recover
             return
+        fairy.info[RETURNED] = time.monotonic()  # see checkout_without_io
         # The pool's reset still runs (its reset events too), but its rollback is skipped:
         # the runner has checked there is nothing to roll back, and on SQLite that rollback
         # would cost a second thread hop per operation.

@@ -304,15 +304,17 @@ async def used_in_turn(store: SQLStore, engine: AsyncEngine, operations: int) ->
     return returned
 
 
-@pytest.mark.parametrize("lifo", [False, True])
+@pytest.mark.parametrize("pool", ["fifo", "lifo", "pre_ping"])
 async def test_one_task_after_a_burst_keeps_to_the_connection_it_last_returned(
-    make_engine: Callable[..., Any], lifo: bool
+    make_engine: Callable[..., Any], pool: str
 ) -> None:
     """After a burst has opened several connections, a task running one operation after
     another gets the connection it returned last every time, not each idle one in turn
     (a FIFO pool's own order, which leaves each connection cold by the time it comes
-    round); the other connections stay open and idle in the pool."""
-    engine, opened = await make_engine(pool_size=4, pool_use_lifo=lifo)
+    round), also where the pool pre-pings it; the other connections stay open and idle in
+    the pool."""
+    options = {"lifo": {"pool_use_lifo": True}, "pre_ping": {"pool_pre_ping": True}}
+    engine, opened = await make_engine(pool_size=4, **options.get(pool, {}))
     store = SQLStore(engine)
     sid = f"pool-{uuid.uuid4().hex}"
     await store.create(Session(org_id="o", id=sid, app_name="a", user_id="u"))

@@ -42,6 +42,7 @@ __all__ = [
     "engine_has_events",
     "greenlet_spawn",
     "invalidate_pool",
+    "prefer_warm",
     "returning_columns",
 ]
 
@@ -345,7 +346,7 @@ def checkout_without_io(pool: Pool) -> Any | None:
             return None
         # The newest: the end of a LIFO queue's list (taken from there), or of a FIFO
         # queue's deque (taken from its start) unless its oldest is due a turn.
-        newest = waiting.use_lifo or len(idle) == 1 or not _due(idle[0])
+        newest = waiting.use_lifo or _warm_first(idle)
         record = idle[-1] if newest else idle[0]
         for listener in pool.dispatch.checkout:
             done_key = getattr(listener, "done_key", None)
@@ -358,6 +359,32 @@ def checkout_without_io(pool: Pool) -> Any | None:
     if newest and not waiting.use_lifo:
         idle.appendleft(idle.pop())  # where the FIFO queue takes from
     return pool.connect()
+
+
+def prefer_warm(pool: Pool) -> None:
+    """Before a checkout that goes through a greenlet (a pre-ping, a recycle age, a checkout
+    listener...): in a FIFO queue pool, put the idle connection ``checkout_without_io``
+    would lend (the warm one, unless the oldest is due a turn) where the queue takes from.
+    The pool then checks it as it would any other (pings it, recycles it, runs its
+    listeners); a preference only, lost if another task takes it first. Fail-closed: with
+    anything it cannot read, it changes nothing."""
+    try:
+        if not isinstance(pool, QueuePool):
+            return
+        waiting = pool._pool
+        if not isinstance(waiting, AsyncAdaptedQueue) or waiting.use_lifo:
+            return
+        idle = waiting._queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's deque
+        if len(idle) > 1 and _warm_first(idle):
+            idle.appendleft(idle.pop())
+    except AttributeError:
+        return
+
+
+def _warm_first(idle: Any) -> bool:
+    """Whether a FIFO queue's newest idle connection goes before its oldest: one alone, or
+    an oldest not due a turn."""
+    return len(idle) <= 1 or not _due(idle[0])
 
 
 def _due(record: Any) -> bool:

@@ -32,6 +32,7 @@ from ._private import (
     engine_has_events,
     greenlet_spawn,
     invalidate_pool,
+    prefer_warm,
 )
 from .compiled import Compiled
 from .dialect import pin_read_committed
@@ -170,6 +171,7 @@ class Runner:
         fairy = checkout_without_io(pool)
         if fairy is not None:
             return fairy
+        prefer_warm(pool)  # the same one, then checked as the pool checks any
         task = asyncio.current_task()
         requests = _cancel_requests(task)
         # Straight from the pool (its checkout events, pre-ping and reset still apply),

@@ -42,7 +42,6 @@ __all__ = [
     "engine_has_events",
     "greenlet_spawn",
     "invalidate_pool",
-    "prefer_warm",
     "returning_columns",
 ]
 
@@ -330,13 +329,12 @@ def checkout_without_io(pool: Pool) -> Any | None:
     connection and 1.11 ms cycling through 16. In a FIFO pool the oldest idle connection
     still gets its turn once it has sat unused by the runner for ``REVISIT_AFTER`` seconds
     (or was never checked in by it): each connection keeps being used, as in the pool's own
-    order, rather than left to a server's or a proxy's idle timeout."""
+    order, rather than left to a server's or a proxy's idle timeout. The warm one is put
+    where the queue takes from even when this answers None, so that the greenlet's
+    ``pool.connect()`` (no await comes between) takes it too, and checks it as the pool
+    checks any (a pre-ping, a recycle, its listeners)."""
     try:
-        if not isinstance(pool, QueuePool) or pool._pre_ping:
-            return None
-        if pool._recycle > -1 or pool._invalidate_time:
-            return None
-        if -1 < pool._max_overflow <= pool._overflow:  # QueuePool._do_get would wait
+        if not isinstance(pool, QueuePool):
             return None
         waiting = pool._pool
         if not isinstance(waiting, AsyncAdaptedQueue):
@@ -344,10 +342,11 @@ def checkout_without_io(pool: Pool) -> Any | None:
         idle = waiting._queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's deque
         if not idle:
             return None
-        # The newest: the end of a LIFO queue's list (taken from there), or of a FIFO
-        # queue's deque (taken from its start) unless its oldest is due a turn.
-        newest = waiting.use_lifo or _warm_first(idle)
-        record = idle[-1] if newest else idle[0]
+        record = _warm_next(waiting.use_lifo, idle)
+        if pool._pre_ping or pool._recycle > -1 or pool._invalidate_time:
+            return None
+        if -1 < pool._max_overflow <= pool._overflow:  # QueuePool._do_get would wait
+            return None
         for listener in pool.dispatch.checkout:
             done_key = getattr(listener, "done_key", None)
             if done_key is None or not record.info.get(done_key):
@@ -356,35 +355,18 @@ def checkout_without_io(pool: Pool) -> Any | None:
             return None
     except AttributeError:
         return None
-    if newest and not waiting.use_lifo:
-        idle.appendleft(idle.pop())  # where the FIFO queue takes from
     return pool.connect()
 
 
-def prefer_warm(pool: Pool) -> None:
-    """Before a checkout that goes through a greenlet (a pre-ping, a recycle age, a checkout
-    listener...): in a FIFO queue pool, put the idle connection ``checkout_without_io``
-    would lend (the warm one, unless the oldest is due a turn) where the queue takes from.
-    The pool then checks it as it would any other (pings it, recycles it, runs its
-    listeners); a preference only, lost if another task takes it first. Fail-closed: with
-    anything it cannot read, it changes nothing."""
-    try:
-        if not isinstance(pool, QueuePool):
-            return
-        waiting = pool._pool
-        if not isinstance(waiting, AsyncAdaptedQueue) or waiting.use_lifo:
-            return
-        idle = waiting._queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's deque
-        if len(idle) > 1 and _warm_first(idle):
-            idle.appendleft(idle.pop())
-    except AttributeError:
-        return
-
-
-def _warm_first(idle: Any) -> bool:
-    """Whether a FIFO queue's newest idle connection goes before its oldest: one alone, or
-    an oldest not due a turn."""
-    return len(idle) <= 1 or not _due(idle[0])
+def _warm_next(lifo: bool, idle: Any) -> Any:
+    """Put the warm idle connection where the queue takes from (a LIFO queue's list has it
+    there already; a FIFO queue's deque, unless its oldest is due a turn); return the record
+    the queue takes next."""
+    if lifo:
+        return idle[-1]
+    if len(idle) > 1 and not _due(idle[0]):
+        idle.appendleft(idle.pop())
+    return idle[0]
 
 
 def _due(record: Any) -> bool:

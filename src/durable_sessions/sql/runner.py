@@ -32,7 +32,6 @@ from ._private import (
     engine_has_events,
     greenlet_spawn,
     invalidate_pool,
-    prefer_warm,
 )
 from .compiled import Compiled
 from .dialect import pin_read_committed
@@ -167,11 +166,11 @@ class Runner:
         """
         pool = self.engine.sync_engine.pool
         # An idle connection that needs nothing of the driver (the warm one, see there):
-        # taken in plain calls, with no await at which a cancellation could fall.
+        # taken in plain calls, with no await at which a cancellation could fall. When
+        # None, the warm one is still next in the queue for the greenlet's checkout.
         fairy = checkout_without_io(pool)
         if fairy is not None:
             return fairy
-        prefer_warm(pool)  # the same one, then checked as the pool checks any
         task = asyncio.current_task()
         requests = _cancel_requests(task)
         # Straight from the pool (its checkout events, pre-ping and reset still apply),

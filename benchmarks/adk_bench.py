@@ -1,21 +1,27 @@
 """Google ADK's DatabaseSessionService against durable-sessions' ADK adapter, only.
 
-    python -m benchmarks.adk_bench [--backend all] [--duration 2] [--concurrency 1,16]
-        [--rounds 3] [--out benchmarks/results/adk]
+    python -m benchmarks run adk [--backend all|sqlite|postgres|mysql] [--duration 2]
+        [--concurrency 1,16] [--rounds 3] [--mysql-url URL] [--out benchmarks/results]
 
 The two ADK implementations of ``nox -s bench`` (``impl_adk.Adk`` and
 ``impl_adk_adapter.AdkAdapter``: the same ADK calls, only the service differs), each on a
 fresh database of the same server, in one process, workload by workload, the order
 alternating. On a shared machine each (workload, concurrency) is measured ``--rounds``
 times and each service keeps its best round: noise only ever slows a run down. Writes
-``results.json`` in the format of ``python -m benchmarks`` (``benchmarks.adk_report``
-renders it) to ``--out``.
+``adk_adapter.json`` in the format of the side-by-side suite and ``adk_adapter.md``
+(``benchmarks.adk_report`` renders it) to ``--out``.
+
+``--backend all`` is SQLite and Postgres. ``--backend mysql`` runs on MariaDB (or MySQL):
+ADK's service through a ``mysql+asyncmy://`` URL, the adapter on the same server, each in a
+fresh database that the run creates and drops on the server of ``--mysql-url`` (default
+``$DURABLE_SESSIONS_BENCH_MYSQL_URL``, else ``mysql+asyncmy://root@127.0.0.1:3306``); it
+writes ``adk_adapter_mysql.json`` and ``adk_adapter_mysql.md`` instead.
 
 For the calls in ``FLOORED`` a third implementation runs in the same rounds: the driver
-floor of ``nox -s bench`` (``floor_sqlite.FloorSqlite``, ``floor_pg.FloorPostgres``: raw
-aiosqlite or asyncpg, one hand-written statement), whose work for those calls is the least
-any durable service can do. Its throughput over ADK's is about the best ratio a service
-could show for them.
+floor of ``nox -s bench`` (``floor_sqlite.FloorSqlite``, ``floor_pg.FloorPostgres``,
+``floor_mysql.FloorMySQL``: raw aiosqlite, asyncpg or asyncmy, one hand-written statement),
+whose work for those calls is the least any durable service can do. Its throughput over
+ADK's is about the best ratio a service could show for them.
 """
 
 from __future__ import annotations
@@ -23,14 +29,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .cli import BACKENDS, _ints, _run_meta
-from .common import WORKLOADS, Database, Measurement, keep_best, new_tmpdir
+from .common import (
+    BACKENDS,
+    DEFAULT_MYSQL_ADMIN_URL,
+    MYSQL,
+    MYSQL_URL_ENV,
+    WORKLOADS,
+    Database,
+    Measurement,
+    ints,
+    keep_best,
+    mysql_admin_url,
+    new_tmpdir,
+    raw_mysql_connect,
+    run_meta,
+)
 from .report import empty_results
 from .runner import MAX_DELETE_SUPPLY, _line, _one, make_floor
 from .workloads import Implementation
@@ -57,6 +77,7 @@ async def run(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     try:
         for impl, db in zip(impls, dbs, strict=True):
             impl.pool_size = args.pool_size
+            impl.pool_lifo = args.pool_lifo
             await db.create()
             await impl.open(db.url)
             opened.append(impl)
@@ -93,27 +114,69 @@ async def run(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.adk_bench")
-    parser.add_argument("--backend", choices=[*BACKENDS, "all"], default="all")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks run adk")
+    parser.add_argument(
+        "--backend",
+        choices=[*BACKENDS, MYSQL, "all"],
+        default="all",
+        help="all: sqlite and postgres, written to adk_adapter.*; mysql: MariaDB or MySQL, "
+        "written to adk_adapter_mysql.*",
+    )
+    parser.add_argument(
+        "--mysql-url",
+        default=None,
+        help="the MySQL server the mysql backend makes its databases on, a URL without a "
+        f"database (default ${MYSQL_URL_ENV}, else {DEFAULT_MYSQL_ADMIN_URL})",
+    )
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per measurement")
-    parser.add_argument("--concurrency", type=_ints, default=[1, 16])
+    parser.add_argument("--concurrency", type=ints, default=[1, 16])
     parser.add_argument("--rounds", type=int, default=3, help="measurements kept best of")
     parser.add_argument("--only", default="", help="comma-separated workloads")
     parser.add_argument("--pool-size", type=int, default=16)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/adk"))
+    parser.add_argument(
+        "--pool-lifo",
+        action="store_true",
+        help="both services' pools lend the connection returned last (pool_use_lifo=True)",
+    )
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     args.workloads = [w for w in args.only.split(",") if w] or list(WORKLOADS)
     args.profile = False
+    if args.mysql_url:
+        os.environ[MYSQL_URL_ENV] = args.mysql_url  # read by common.Database
     results = empty_results()
-    command = "python -m benchmarks.adk_bench " + " ".join(sys.argv[1:])
+    command = "python -m benchmarks " + " ".join(sys.argv[1:])
     for backend in BACKENDS if args.backend == "all" else [args.backend]:
         print(f"== {backend}: {', '.join(args.workloads)}", flush=True)
         results["side_by_side"] += asyncio.run(run(backend, args))
-        results["runs"][f"side_by_side/{backend}"] = _run_meta(args, command)
+        results["runs"][f"side_by_side/{backend}"] = meta = run_meta(args, command)
+        if backend == MYSQL:
+            meta["versions"]["server"] = asyncio.run(server_version())
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    print(f"written to {args.out / 'results.json'}")
+    from .adk_report import render
+
+    stem = results_stem(args.backend)
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    (args.out / f"{stem}.md").write_text(render(results), encoding="utf-8")
+    print(f"written to {args.out / stem}.json and {stem}.md")
     return 0
+
+
+async def server_version() -> str:
+    """The MySQL server's version (``VERSION()``: MariaDB's names MariaDB)."""
+    con = await raw_mysql_connect(mysql_admin_url(), autocommit=True)
+    try:
+        async with con.cursor() as cursor:
+            await cursor.execute("SELECT VERSION()")
+            return str((await cursor.fetchone())[0])
+    finally:
+        con.close()
+
+
+def results_stem(backend: str) -> str:
+    """The name of a run's results files: MySQL's are apart from SQLite's and Postgres's,
+    so that a run of either never replaces the other's."""
+    return "adk_adapter_mysql" if backend == MYSQL else "adk_adapter"
 
 
 if __name__ == "__main__":

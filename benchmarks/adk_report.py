@@ -20,6 +20,8 @@ from typing import Any
 from .common import WORKLOADS
 
 TARGET = 5.0
+DRIVERS = {"sqlite": "aiosqlite", "postgres": "asyncpg", "mysql": "asyncmy"}
+"""Each backend's driver, in the order the floor's sentence names them."""
 CALLS = {
     "create": "`create_session` (state in every scope)",
     "get": "`get_session`",
@@ -78,10 +80,12 @@ def render(results: dict[str, Any], before: dict[str, Any] | None = None) -> str
     lines.append("")
     floored = any(r["impl"] == "floor" for r in rows)
     if floored:
+        backends = {r["backend"] for r in rows if r["impl"] == "floor"}
+        drivers = " or ".join(d for b, d in DRIVERS.items() if b in backends)
         lines += [
             "*floor/ADK* is the driver floor's throughput over ADK's, for the calls whose whole "
             "work it does (`benchmarks.adk_bench.FLOORED`): one hand-written statement on raw "
-            "aiosqlite or asyncpg, timed in the same rounds: about the best ratio a service "
+            f"{drivers}, timed in the same rounds: about the best ratio a service "
             "doing that work on this driver could show.",
             "",
         ]

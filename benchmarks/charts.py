@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from .common import WORKLOADS
-from .report import COLORS, IMPLS, LABELS, index
+from .labels import COLORS, IMPLS, LABELS, index
 
 
 def side_by_side_chart(rows: list[dict[str, Any]], path: Path) -> None:

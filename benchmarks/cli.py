@@ -1,4 +1,9 @@
-"""Command line: which backends, workloads, concurrency, sizes; where the results go."""
+"""The side-by-side and scaling suites: durable-sessions beside Google ADK's
+DatabaseSessionService, its ADK adapter and the raw driver; latency as the tables grow.
+
+``python -m benchmarks run side-by-side`` and ``python -m benchmarks run scaling`` call
+``main`` here; it writes ``results.json``, ``results.md`` and the charts into ``--out``.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +11,22 @@ import argparse
 import asyncio
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from .common import WORKLOADS, new_tmpdir
+from .common import BACKENDS, WORKLOADS, ints, new_tmpdir, run_meta
 from .report import load_results, save_results
 
-BACKENDS = ("sqlite", "postgres")
 SQLITE_MAX_SESSIONS = 100_000
-
-
-def _ints(text: str) -> list[int]:
-    return [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks",
+        prog="python -m benchmarks run side-by-side",
         description=(
             "durable-sessions side by side with Google ADK's DatabaseSessionService, "
             "durable-sessions through its ADK adapter and the "
-            "raw driver floor, on SQLite and Postgres; scaling curves; a profile."
+            "raw driver floor, on SQLite and Postgres; scaling curves."
         ),
     )
     parser.add_argument("--backend", choices=[*BACKENDS, "all"], default="all")
@@ -35,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--duration", type=float, default=3.0, help="seconds per workload (default 3)"
     )
     parser.add_argument(
-        "--concurrency", type=_ints, default=[1, 16], help="comma-separated (default 1,16)"
+        "--concurrency", type=ints, default=[1, 16], help="comma-separated (default 1,16)"
     )
     parser.add_argument(
         "--only", default="", help=f"comma-separated workloads out of: {','.join(WORKLOADS)}"
@@ -48,23 +47,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--sizes",
-        type=_ints,
+        type=ints,
         default=[1_000, 10_000, 100_000],
         help="sessions in the table for --scaling (default 1000,10000,100000; "
         "Postgres can go to 1000000, SQLite stops at 100000)",
     )
     parser.add_argument(
         "--event-sizes",
-        type=_ints,
+        type=ints,
         default=[100, 1_000, 10_000],
         help="events in one transcript for --scaling (default 100,1000,10000; up to 100000)",
     )
-    parser.add_argument(
-        "--profile",
-        action="store_true",
-        help="profile the hot paths (ours and the floor) instead of benchmarking",
-    )
-    parser.add_argument("--profile-ops", type=int, default=2_000, help="ops per profiled path")
     parser.add_argument(
         "--pool-size",
         type=int,
@@ -72,21 +65,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="connections each implementation keeps (SQLAlchemy pool_size, for ours and "
         "ADK alike, overflow 10 on top; the floor's queue); default 16, the highest "
         "concurrency, so that no implementation opens and closes connections mid-run",
-    )
-    parser.add_argument(
-        "--suite",
-        choices=["side-by-side", "openai"],
-        default="side-by-side",
-        help="openai: the OpenAI Agents SDK session beside the SDK's SQLAlchemySession "
-        "(benchmarks/openai_suite.py; --backend, --duration, --concurrency, --rounds apply)",
-    )
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=3,
-        help="openai suite: measure each (workload, concurrency) this many times, the order "
-        "alternating, and keep each implementation's best (noise only slows a run down), "
-        "as benchmarks.adk_bench does; default 3",
     )
     parser.add_argument(
         "--distributed",
@@ -135,7 +113,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                     for r in results["side_by_side"]
                     if not (r["backend"] == backend and r["workload"] in args.workloads)
                 ] + rows
-                results["runs"][f"side_by_side/{backend}"] = _run_meta(args, command)
+                results["runs"][f"side_by_side/{backend}"] = run_meta(args, command)
             if args.scaling or args.scaling_only:
                 sizes = args.sizes
                 if backend == "sqlite":
@@ -146,42 +124,10 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 results["scaling"] = [r for r in results["scaling"] if r["backend"] != backend]
                 results["scaling"] += rows
-                results["runs"][f"scaling/{backend}"] = _run_meta(args, command)
+                results["runs"][f"scaling/{backend}"] = run_meta(args, command)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return results
-
-
-def _run_meta(args: argparse.Namespace, command: str) -> dict[str, Any]:
-    import platform
-
-    import sqlalchemy
-
-    versions: dict[str, str] = {
-        "python": platform.python_version(),
-        "sqlalchemy": sqlalchemy.__version__,
-    }
-    for name in ("asyncpg", "aiosqlite", "google.adk", "durable_sessions"):
-        try:
-            module = __import__(name, fromlist=["__version__"])
-            versions[name] = str(getattr(module, "__version__", "?"))
-        except ImportError:
-            versions[name] = "not installed"
-    return {
-        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "command": command,
-        "duration": args.duration,
-        "concurrency": args.concurrency,
-        "pool_size": args.pool_size,
-        "machine": f"{platform.machine()}, {_cores()} cores, {platform.system()}",
-        "versions": versions,
-    }
-
-
-def _cores() -> int:
-    import os
-
-    return os.cpu_count() or 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,15 +139,6 @@ def main(argv: list[str] | None = None) -> int:
         from .common import DISTRIBUTED_ENV
 
         os.environ[DISTRIBUTED_ENV] = "1"
-    if args.profile:
-        from .profile import run_profile
-
-        asyncio.run(run_profile(args.backends, args.profile_ops, args.out, log))
-        return 0
-    if args.suite == "openai":
-        from .openai_suite import main_openai
-
-        return main_openai(args, log)
     results = asyncio.run(_run(args))
     save_results(results, args.out, charts=not args.no_charts)
     log(

@@ -22,6 +22,10 @@ ORG = "bench"
 APP = "bench-app"
 LIST_USER = "lister"
 DEFAULT_PG_ADMIN_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
+DEFAULT_MYSQL_ADMIN_URL = "mysql+asyncmy://root@127.0.0.1:3306"
+MYSQL_URL_ENV = "DURABLE_SESSIONS_BENCH_MYSQL_URL"
+"""The MySQL (MariaDB) server the suites that take ``--backend mysql`` create their
+databases on: a URL without a database, of a user who may create and drop them."""
 WORKLOADS = (
     "create",
     "get",
@@ -48,6 +52,25 @@ def pg_admin_url() -> str:
     return os.environ.get("DURABLE_SESSIONS_BENCH_POSTGRES_URL", DEFAULT_PG_ADMIN_URL)
 
 
+def mysql_admin_url() -> str:
+    return os.environ.get(MYSQL_URL_ENV, DEFAULT_MYSQL_ADMIN_URL)
+
+
+async def raw_mysql_connect(sqlalchemy_url: str, *, autocommit: bool) -> Any:
+    """A plain asyncmy connection to the server (and database) of a ``mysql+asyncmy://`` URL."""
+    import asyncmy  # type: ignore[import-untyped]
+
+    url = make_url(sqlalchemy_url)
+    return await asyncmy.connect(
+        host=url.host or "127.0.0.1",
+        port=url.port or 3306,
+        user=url.username or "root",
+        password=url.password or "",
+        database=url.database,
+        autocommit=autocommit,
+    )
+
+
 def raw_pg_dsn(sqlalchemy_url: str) -> str:
     """A libpq-style DSN for asyncpg from a ``postgresql+asyncpg://`` URL."""
     url = make_url(sqlalchemy_url).set(drivername="postgresql")
@@ -58,7 +81,8 @@ def raw_pg_dsn(sqlalchemy_url: str) -> str:
 
 
 class Database:
-    """A fresh database for one implementation: a new Postgres database or SQLite file."""
+    """A fresh database for one implementation: a new Postgres or MySQL database, or a
+    SQLite file."""
 
     def __init__(self, backend: str, label: str, tmpdir: Path) -> None:
         self.backend = backend
@@ -71,7 +95,8 @@ class Database:
         """The SQLAlchemy async URL of the database."""
         if self.backend == "sqlite":
             return f"sqlite+aiosqlite:///{self.path}"
-        url = make_url(pg_admin_url()).set(database=self.name)
+        admin = mysql_admin_url() if self.backend == "mysql" else pg_admin_url()
+        url = make_url(admin).set(database=self.name)
         return url.render_as_string(hide_password=False)
 
     async def create(self) -> None:
@@ -82,6 +107,11 @@ class Database:
             con = sqlite3.connect(self.path)
             con.execute("PRAGMA journal_mode = WAL")
             con.close()
+            return
+        if self.backend == "mysql":
+            # utf8mb4, as a MySQL database for text in any language must be (durable-sessions'
+            # tables name theirs; ADK's take the database's).
+            await _mysql_admin(f"CREATE DATABASE `{self.name}` CHARACTER SET utf8mb4")
             return
         import asyncpg
 
@@ -99,6 +129,9 @@ class Database:
         if self.backend == "sqlite":
             _remove_sqlite_files(self.path)
             return
+        if self.backend == "mysql":
+            await _mysql_admin(f"DROP DATABASE IF EXISTS `{self.name}`")
+            return
         import asyncpg
 
         con = await asyncpg.connect(raw_pg_dsn(pg_admin_url()))
@@ -106,6 +139,15 @@ class Database:
             await con.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
         finally:
             await con.close()
+
+
+async def _mysql_admin(sql: str) -> None:
+    con = await raw_mysql_connect(mysql_admin_url(), autocommit=True)
+    try:
+        async with con.cursor() as cursor:
+            await cursor.execute(sql)
+    finally:
+        con.close()
 
 
 async def migrate_schema(url: str) -> None:
@@ -138,7 +180,8 @@ class Counters:
     """SQL statements seen by SQLAlchemy (or counted by hand) and driver calls.
 
     ``round_trips`` is what the driver did: on Postgres every asyncpg call that reaches the
-    server (statements, BEGIN/COMMIT/ROLLBACK, pool pings); on SQLite every hop to
+    server (statements, BEGIN/COMMIT/ROLLBACK, pool pings); on MySQL every command asyncmy
+    sends (statements, BEGIN/COMMIT/ROLLBACK, SET, pings); on SQLite every hop to
     aiosqlite's worker thread (statements, fetches, commits, cursor closes).
     """
 
@@ -165,7 +208,8 @@ def _count(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
 
 
 def driver_counting(on: bool) -> None:
-    """Count asyncpg server calls and aiosqlite thread hops (on), or stop counting (off).
+    """Count asyncpg server calls, asyncmy commands and aiosqlite thread hops (on), or stop
+    counting (off).
 
     The wrappers are installed only while counting, so timed runs pay nothing for them.
     """
@@ -185,6 +229,13 @@ def driver_counting(on: bool) -> None:
         targets.append((asyncpg.connection.Connection, names))
         names = ("fetch", "fetchrow", "fetchval", "executemany")
         targets.append((asyncpg.prepared_stmt.PreparedStatement, names))
+    except ImportError:
+        pass
+    try:
+        import asyncmy.connection  # type: ignore[import-untyped]
+
+        # Every command asyncmy sends (queries, BEGIN/COMMIT/ROLLBACK, pings) goes through it.
+        targets.append((asyncmy.connection.Connection, ("_execute_command",)))
     except ImportError:
         pass
     try:
@@ -420,3 +471,53 @@ async def opened(impls: Sequence[_Opens], dbs: Sequence[Database]) -> AsyncItera
             await impl.close()
         for db in dbs:
             await db.drop()
+
+
+BACKENDS = ("sqlite", "postgres")
+"""The backends of ``--backend all``."""
+MYSQL = "mysql"
+"""MariaDB (or MySQL) through asyncmy: a backend of its own choosing (``--backend mysql``)."""
+
+
+def ints(text: str) -> list[int]:
+    """Parse a comma-separated list of integers (``1_000,10_000``)."""
+    return [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+
+
+def run_meta(args: Any, command: str) -> dict[str, Any]:
+    import platform
+
+    import sqlalchemy
+
+    versions: dict[str, str] = {
+        "python": platform.python_version(),
+        "sqlalchemy": sqlalchemy.__version__,
+    }
+    for name in ("asyncpg", "aiosqlite", "asyncmy", "google.adk", "durable_sessions"):
+        try:
+            module = __import__(name, fromlist=["__version__"])
+            found = getattr(module, "__version__", None)
+            if found is None:  # asyncmy keeps it in a submodule: ask its distribution
+                from importlib.metadata import version
+
+                found = version(name.split(".")[0])
+            versions[name] = str(found)
+        except ImportError:
+            versions[name] = "not installed"
+    """When, how and on what a run was made: kept beside its results."""
+    return {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": command,
+        "duration": getattr(args, "duration", None),
+        "concurrency": getattr(args, "concurrency", None),
+        "pool_size": getattr(args, "pool_size", None),
+        "machine": f"{platform.machine()}, {cores()} cores, {platform.system()}",
+        "versions": versions,
+    }
+
+
+def cores() -> int:
+    """The machine's CPU count."""
+    import os
+
+    return os.cpu_count() or 0

@@ -1,7 +1,7 @@
 """What distributed mode costs on one Postgres: the default mode and distributed mode side by
 side, in one process, interleaved workload by workload.
 
-    python -m benchmarks.distributed_cost [--concurrency 1,16] [--duration 3] [--rounds 2]
+    python -m benchmarks run distributed [--concurrency 1,16] [--duration 3] [--rounds 2]
 
 Two fresh databases on the server of ``DURABLE_SESSIONS_BENCH_POSTGRES_URL`` (default
 ``postgresql+asyncpg://postgres@127.0.0.1:5432/postgres``), each with durable-sessions
@@ -19,16 +19,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
-import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from durable_sessions import Manager, SessionService, SQLStore
 
-from .common import APP, ORG, WORKLOADS, Counters, Database, measure, new_tmpdir, opened
+from .common import (
+    APP,
+    ORG,
+    WORKLOADS,
+    Counters,
+    Database,
+    measure,
+    new_tmpdir,
+    opened,
+    run_meta,
+)
 from .impl_ours import Ours
 from .runner import MAX_DELETE_SUPPLY
 
@@ -140,64 +152,29 @@ def summary(rows: list[dict[str, Any]]) -> str:
 LINE = re.compile(r"^round (\d+) (\w+)\s+c=(\d+)\s+(default|distributed)\s+([\d.]+) ops/s")
 
 
-def summarize_logs(paths: list[str]) -> str:
-    """A Markdown table over the printed output of several runs: for each workload and
-    concurrency, distributed/default in every round of every run, their median and range,
-    and each run's median."""
-    runs: list[dict[tuple[int, str, int, str], float]] = []
-    for path in paths:
-        with open(path, encoding="utf-8") as lines:
-            for line in lines:
-                if line.startswith("started "):  # each run prints this first
-                    runs.append({})
-                m = LINE.match(line)
-                if m:
-                    r, w, c, mode, ops = m.groups()
-                    runs[-1][(int(r), w, int(c), mode)] = float(ops)
-    found: dict[tuple[str, int], list[list[float]]] = {}
-    for rate in runs:
-        per_run: dict[tuple[str, int], list[float]] = {}
-        for (r, w, c, mode), ops in rate.items():
-            other = rate.get((r, w, c, "default"))
-            if mode == "distributed" and other:
-                per_run.setdefault((w, c), []).append(ops / other)
-        for key, ratios in per_run.items():
-            found.setdefault(key, []).append(ratios)
-    lines = [
-        "| workload | c | rounds | median distributed/default | range | each run's median |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    for w, c in sorted(found, key=lambda k: (k[1], WORKLOADS.index(k[0]))):
-        runs = found[(w, c)]
-        every = sorted(x for run in runs for x in run)
-        each = ", ".join(f"{statistics.median(run):.2f}" for run in runs)
-        lines.append(
-            f"| {w} | {c} | {len(every)} | {statistics.median(every):.2f}x "
-            f"| {every[0]:.2f}-{every[-1]:.2f}x | {each} |"
-        )
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.distributed_cost")
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks run distributed``: measure, print and write the ratios."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks run distributed")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     parser.add_argument("--concurrency", default="1,16", help="comma-separated (default 1,16)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", default="", help=f"out of: {','.join(WORKLOADS)}")
-    parser.add_argument(
-        "--summarize", nargs="+", metavar="LOG", help="only summarize the output of earlier runs"
-    )
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
-    if args.summarize:
-        print(summarize_logs(args.summarize))
-        return
     workloads = [w for w in args.only.split(",") if w] or list(WORKLOADS)
     concurrencies = [int(c) for c in args.concurrency.split(",") if c]
     print(f"started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", flush=True)
     rows = asyncio.run(run(workloads, concurrencies, args.duration, args.rounds))
+    meta = run_meta(args, "python -m benchmarks " + " ".join(sys.argv[1:]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = {"meta": meta, "rows": rows}
+    (args.out / "distributed.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    text = summary(rows)
+    (args.out / "distributed.md").write_text(f"# Distributed mode on one Postgres\n\n{text}\n")
     print()
-    print(summary(rows))
+    print(text)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

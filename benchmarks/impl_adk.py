@@ -45,7 +45,9 @@ class Adk(Implementation):
         # From a URL, as documented; ADK then adds pool_pre_ping on Postgres by itself.
         # Two services on the database: one timed, one with the statement listener.
         for counted in (False, True):
-            service = DatabaseSessionService(db_url=url, pool_size=self.pool_size)
+            service = DatabaseSessionService(
+                db_url=url, pool_size=self.pool_size, pool_use_lifo=self.pool_lifo
+            )
             await service.prepare_tables()
             if counted:
                 count_statements(service.db_engine, self.counters)

@@ -35,7 +35,9 @@ class AdkAdapter(Adk):
         # Two engines on the database: one timed, one with the statement listener.
         assert self.counters is not None
         for counted in (False, True):
-            engine = create_async_engine(url, pool_size=self.pool_size)
+            engine = create_async_engine(
+                url, pool_size=self.pool_size, pool_use_lifo=self.pool_lifo
+            )
             self.engines.append(engine)
             store = SQLStore(engine)
             if not counted:

@@ -1,4 +1,4 @@
-"""``python -m benchmarks --suite openai``: durable-sessions' OpenAI Agents SDK session beside
+"""``python -m benchmarks run openai``: durable-sessions' OpenAI Agents SDK session beside
 the SDK's own ``SQLAlchemySession``, on the same server, in the same run.
 
 Each implementation gets a fresh database (a new Postgres database, or SQLite file) and is
@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .common import Database, Measurement, Op, keep_best, measure, migrate_schema, opened
 
-__all__ = ["OPENAI_WORKLOADS", "main_openai", "run_openai_suite"]
+__all__ = ["OPENAI_WORKLOADS", "main", "main_openai", "run_openai_suite"]
 
 OPENAI_WORKLOADS = ("add_items", "get_items", "get_items20", "pop_item")
 IMPLS = ("durable-sessions", "sdk-sqlalchemy")
@@ -217,8 +217,27 @@ def save(rows: list[dict[str, Any]], out: Path, command: str) -> None:
     (out / "openai.md").write_text("\n".join(lines), encoding="utf-8")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks run openai``: parse the options, run the suite, write results."""
+    import argparse
+
+    from .common import BACKENDS, ints
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks run openai")
+    parser.add_argument("--backend", choices=[*BACKENDS, "all"], default="all")
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per measurement")
+    parser.add_argument("--concurrency", type=ints, default=[1, 16])
+    parser.add_argument("--rounds", type=int, default=3, help="runs per cell; the best is kept")
+    parser.add_argument("--pool-size", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    args.backends = list(BACKENDS) if args.backend == "all" else [args.backend]
+    args.out.mkdir(parents=True, exist_ok=True)
+    return main_openai(args, lambda text: print(text, flush=True))
+
+
 def main_openai(args: Any, log: Callable[[str], None]) -> int:
-    """Run the suite for ``python -m benchmarks --suite openai`` and write its results."""
+    """Run the suite with parsed options and write its results."""
     import asyncio
     import shutil
     import sys

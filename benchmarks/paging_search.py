@@ -31,6 +31,7 @@ import platform
 import random
 import sqlite3
 import statistics
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -41,9 +42,9 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import Event, Filter, Manager, SQLStore
-from durable_sessions.migrate import upgrade
+from durable_sessions.sql.migrate import upgrade
 
-from .common import Database, new_tmpdir, raw_pg_dsn
+from .common import Database, new_tmpdir, raw_pg_dsn, run_meta
 
 ORG = "bench"
 OTHER_ORG = "bench-other"
@@ -401,7 +402,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.paging_search")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks run paging-search")
     parser.add_argument("what", choices=["paging", "search", "writes", "all"], nargs="?",
                         default="all")  # fmt: skip
     parser.add_argument("--backend", choices=["sqlite", "postgres", "all"], default="all")
@@ -409,13 +410,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--appends", type=int, default=2_000)
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--json", type=Path, help="also write the rows to this file")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     rows = asyncio.run(run(args))
-    if args.json:
-        machine = {"python": platform.python_version(), "cpus": os.cpu_count()}
-        args.json.write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")
-    print(markdown(rows))
+    machine = {"python": platform.python_version(), "cpus": os.cpu_count()}
+    meta = run_meta(args, "python -m benchmarks " + " ".join(sys.argv[1:]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = {"machine": machine, "meta": meta, "rows": rows}
+    (args.out / "paging_search.json").write_text(json.dumps(data, indent=1) + "\n")
+    text = markdown(rows)
+    (args.out / "paging_search.md").write_text(f"# Paging and search\n\n{text}\n")
+    print(text)
     return 0
 
 

@@ -218,14 +218,9 @@ async def _ours_paths(store: SQLStore) -> dict[str, Callable[[], Awaitable[Any]]
 
 
 async def _floor_paths(url: str, backend: str) -> tuple[dict[str, Any], Counters, Any]:
-    if backend == "postgres":
-        from .floor_pg import FloorPostgres
+    from .runner import make_floor
 
-        floor: Any = FloorPostgres()
-    else:
-        from .floor_sqlite import FloorSqlite
-
-        floor = FloorSqlite()
+    floor: Any = make_floor(backend)
     await floor.open(url)
     seeding = create_async_engine(url)
     await Seeder(seeding, backend).fixtures()
@@ -300,3 +295,21 @@ async def run_profile(
                 await db.drop()
     write_profile(results, out / "profile.md", n_ops)
     log(f"profile written to {out / 'profile.md'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks run profile``: where each hot path's CPU goes, beside the floor."""
+    import argparse
+    import asyncio
+
+    from .common import BACKENDS
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks run profile")
+    parser.add_argument("--backend", choices=[*BACKENDS, "all"], default="all")
+    parser.add_argument("--ops", type=int, default=2_000, help="calls per profiled path")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    backends = list(BACKENDS) if args.backend == "all" else [args.backend]
+    args.out.mkdir(parents=True, exist_ok=True)
+    asyncio.run(run_profile(backends, args.ops, args.out, lambda t: print(t, flush=True)))
+    return 0

@@ -7,20 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from .common import WORKLOADS
+from .labels import IMPLS, LABELS, index
 
-IMPLS = ("durable-sessions", "google-adk", "adk-adapter", "floor")
-LABELS = {
-    "durable-sessions": "durable-sessions",
-    "google-adk": "Google ADK",
-    "adk-adapter": "durable-sessions ADK adapter",
-    "floor": "raw driver",
-}
-COLORS = {
-    "durable-sessions": "#1f77b4",
-    "google-adk": "#ff7f0e",
-    "adk-adapter": "#2ca02c",
-    "floor": "#7f7f7f",
-}
 TARGET_VS_ADK = 3.0
 TARGET_VS_FLOOR = 0.5  # "within 2x of the floor"
 FLOOR_TARGETED = ("get", "save", "append_event")
@@ -72,7 +60,11 @@ def save_results(results: dict[str, Any], out: Path, *, charts: bool = True) -> 
     (out / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     (out / "results.md").write_text(markdown(results))
     if charts:
-        from .charts import scaling_chart, side_by_side_chart
+        try:
+            from .charts import scaling_chart, side_by_side_chart
+        except ImportError:  # matplotlib: the bench dependency group
+            print("charts not drawn: matplotlib is not installed", flush=True)
+            return
 
         if results["side_by_side"]:
             side_by_side_chart(results["side_by_side"], out / "side_by_side.png")
@@ -94,10 +86,6 @@ def _ratio(a: float, b: float) -> float | None:
 
 _ALL = "ours / ADK / adapter / floor"
 """The order of the four values in a multi-value cell."""
-
-
-def index(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int, str], dict[str, Any]]:
-    return {(r["backend"], r["workload"], r["concurrency"], r["impl"]): r for r in rows}
 
 
 def side_by_side_tables(rows: list[dict[str, Any]]) -> list[str]:

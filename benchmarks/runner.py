@@ -21,11 +21,16 @@ MAX_DELETE_SUPPLY = 4_000
 
 
 def make_floor(backend: str) -> Implementation:
-    """The driver floor of ``backend``: raw asyncpg or aiosqlite, hand-written statements."""
+    """The driver floor of ``backend``: raw asyncpg, asyncmy or aiosqlite, hand-written
+    statements."""
     if backend == "postgres":
         from .floor_pg import FloorPostgres
 
         return FloorPostgres()
+    if backend == "mysql":
+        from .floor_mysql import FloorMySQL
+
+        return FloorMySQL()
     from .floor_sqlite import FloorSqlite
 
     return FloorSqlite()

@@ -476,23 +476,22 @@ async def run_export_memory(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks.scaling export|memory``: the export's time and memory."""
-    from .cli import BACKENDS, _ints
-    from .common import new_tmpdir
+    """``python -m benchmarks run export``: the export's time and memory as data grows."""
+    from .common import BACKENDS, ints, new_tmpdir, run_meta
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling")
-    parser.add_argument("what", choices=["export", "memory"])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks run export")
+    parser.add_argument("what", choices=["export", "memory", "all"], nargs="?", default="all")
     parser.add_argument("--backend", choices=[*BACKENDS, "all"], default="all")
     parser.add_argument(
-        "--sizes", type=_ints, default=[1_000, 10_000, 100_000, 300_000],
+        "--sizes", type=ints, default=[1_000, 10_000, 100_000, 300_000],
         help="export: sessions in the table (default 1000,10000,100000,300000)",
     )  # fmt: skip
     parser.add_argument(
-        "--events", type=_ints, default=[100, 1_000],
+        "--events", type=ints, default=[100, 1_000],
         help="memory: events of 1 MiB in one session (default 100,1000)",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=2, help="export: runs per size (best)")
-    parser.add_argument("--json", type=Path, help="also write the rows to this file")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     backends = list(BACKENDS) if args.backend == "all" else [args.backend]
 
@@ -504,17 +503,19 @@ def main(argv: list[str] | None = None) -> int:
         tmpdir = new_tmpdir()
         try:
             for backend in backends:
-                if args.what == "export":
+                if args.what in ("export", "all"):
                     rows += await run_export_scaling(backend, args.sizes, tmpdir, log, args.rounds)
-                else:
+                if args.what in ("memory", "all"):
                     rows += await run_export_memory(backend, args.events, tmpdir, log)
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
         return rows
 
     rows = asyncio.run(run())
-    if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    meta = run_meta(args, "python -m benchmarks " + " ".join(sys.argv[1:]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = {"meta": meta, "rows": rows}
+    (args.out / "export.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     return 0
 
 

@@ -8,8 +8,7 @@ the path that goes first rotating from one round to the next. On a shared machin
 short rounds (``--gets 400 --rounds 12``) give steadier ratios: the median of the rounds'
 ratios and the whole run's are printed beside best against best.
 
-    python -m benchmarks.tracing_cost sqlite+aiosqlite:///bench.db
-    python -m benchmarks.tracing_cost postgresql+asyncpg://postgres@127.0.0.1/bench
+    python -m benchmarks run tracing [--backend sqlite|postgres] [--otel]
 
 With ``--otel`` a third path is measured in the same rounds: OpenTelemetry's SQLAlchemy
 instrumentation attached to the engine (as the README and ``tests/sql/test_tracing.py`` do),
@@ -21,9 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import shutil
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
@@ -31,6 +34,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from durable_sessions import Event, Manager, SQLStore
+
+from .common import Database, new_tmpdir, run_meta
 
 Rates = tuple[float, float]
 """(get/s, append_event/s) of one round."""
@@ -143,23 +148,47 @@ def summarize(found: dict[str, list[Rates]]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """Print each round, then each path's best rates and their ratios to the plain path."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tracing_cost")
-    parser.add_argument("url")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks run tracing")
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--otel", action="store_true", help="also OpenTelemetry's instrumentation")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--gets", type=int, default=2000, help="gets per round (appends: 1/4)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
-    found = asyncio.run(measure(args.url, args.gets, args.rounds, args.otel))
+    tmpdir = new_tmpdir()
+    database = Database(args.backend, "tracing", tmpdir)
+
+    async def run() -> dict[str, list[Rates]]:
+        await database.create()
+        try:
+            return await measure(database.url, args.gets, args.rounds, args.otel)
+        finally:
+            await database.drop()
+
+    try:
+        found = asyncio.run(run())
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
     for n in range(args.rounds):
         line = "  ".join(
             f"{name} get/s {rates[n][0]:.0f} append/s {rates[n][1]:.0f}"
             for name, rates in found.items()
         )
         print(f"round {n + 1}: {line}")
-    print("\n".join(summarize(found)))
+    lines = summarize(found)
+    print("\n".join(lines))
+    meta = run_meta(args, "python -m benchmarks " + " ".join(sys.argv[1:]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = {"meta": meta, "backend": args.backend, "rounds": found}
+    (args.out / "tracing.json").write_text(json.dumps(data, indent=1) + "\n")
+    body = "\n".join(lines)
+    (args.out / "tracing.md").write_text(
+        f"# Engine listeners on {args.backend}\n\n```\n{body}\n```\n"
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

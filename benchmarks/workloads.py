@@ -27,6 +27,9 @@ class Implementation(abc.ABC):
     counters: Counters | None = None
     pool_size: int = 16
     """Connections kept open: SQLAlchemy's ``pool_size`` (overflow 10 on top), or the floor's."""
+    pool_lifo: bool = False
+    """Whether SQLAlchemy's pool lends the connection returned last (``pool_use_lifo``)
+    rather than its default, the one idle longest."""
 
     def __init__(self) -> None:
         self._recent: Any = None

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -29,11 +30,15 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import InMemoryStore, SQLStore, Store
-from durable_sessions.sql.citus import SETTING
+from durable_sessions.sql.dialects.citus import SETTING
 from support.citus_rules import recording
-from support.sql import PG_DISTRIBUTED, SQL_BACKENDS, raw_pg
+from support.sql import MYSQL, PG_DISTRIBUTED, SQL_BACKENDS, raw_mysql, raw_pg
 
 POSTGRES_ENV = "DURABLE_SESSIONS_TEST_POSTGRES_URL"
+MYSQL_ENV = "DURABLE_SESSIONS_TEST_MYSQL_URL"
+MYSQL_CI_URL = "mysql+asyncmy://root@127.0.0.1:3306"
+"""The MariaDB server the tests use under ``CI=true`` when ``DURABLE_SESSIONS_TEST_MYSQL_URL``
+is not set (``.ci/run`` starts it)."""
 
 
 def postgres_base_url() -> str | None:
@@ -57,10 +62,12 @@ def _run_admin(url: str, sql: str) -> None:
         pool.submit(asyncio.run, _admin(url, sql)).result()
 
 
-def create_pg_database(base_url: str) -> str:
-    """Create an empty Postgres database next to ``base_url`` and return its URL."""
+def create_pg_database(base_url: str, *, template: str | None = None) -> str:
+    """Create a Postgres database next to ``base_url`` and return its URL: empty, or a copy
+    of the database of the URL ``template`` (which nothing may be connected to)."""
     name = f"ds_test_{uuid.uuid4().hex[:12]}"
-    _run_admin(base_url, f'CREATE DATABASE "{name}"')
+    copy = f' TEMPLATE "{make_url(template).database}"' if template else ""
+    _run_admin(base_url, f'CREATE DATABASE "{name}"{copy}')
     return make_url(base_url).set(database=name).render_as_string(hide_password=False)
 
 
@@ -77,6 +84,79 @@ def set_pg_database(base_url: str, url: str, setting: str, value: str) -> None:
     _run_admin(base_url, f'ALTER DATABASE "{name}" SET {setting} = {value}')
 
 
+def mysql_base_url() -> str | None:
+    """Return the test MySQL server's URL (``MYSQL_CI_URL`` under CI=true when unset), or
+    None when unset outside CI."""
+    url = os.environ.get(MYSQL_ENV)
+    if url:
+        return url
+    return MYSQL_CI_URL if os.environ.get("CI", "").lower() == "true" else None
+
+
+async def _mysql_admin(url: str, sql: str) -> None:
+    server = make_url(url).set(database=None).render_as_string(False)
+    async with raw_mysql(server) as conn, conn.cursor() as cursor:
+        await cursor.execute(sql)
+
+
+def _run_mysql_admin(url: str, sql: str) -> None:
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, _mysql_admin(url, sql)).result()
+
+
+def create_mysql_database(base_url: str) -> str:
+    """Create an empty database on the MySQL server of ``base_url``; return its URL."""
+    name = f"ds_test_{uuid.uuid4().hex[:12]}"
+    _run_mysql_admin(base_url, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    return make_url(base_url).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_mysql_database(base_url: str, url: str) -> None:
+    """Drop a database made by ``create_mysql_database``."""
+    _run_mysql_admin(base_url, f"DROP DATABASE IF EXISTS `{make_url(url).database}`")
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> str:
+    """The MySQL (MariaDB) server under test (skips locally when unset; under CI=true it
+    defaults to the local MariaDB, and a server that is down fails the tests)."""
+    url = mysql_base_url()
+    if url is None:
+        pytest.skip(f"{MYSQL_ENV} is not set")
+    return url
+
+
+@pytest.fixture(scope="session")
+def _mysql_dropper(mysql_url: str) -> Iterator[_Dropper]:
+    dropper = _Dropper(mysql_url, drop_mysql_database)
+    yield dropper
+    dropper.finish()
+
+
+@pytest.fixture
+def fresh_mysql_url(mysql_url: str, _mysql_dropper: _Dropper) -> Iterator[Callable[[], str]]:
+    """A factory of empty MySQL databases, dropped after the test."""
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(create_mysql_database(mysql_url))
+        return made[-1]
+
+    yield make
+    for url in made:
+        _mysql_dropper.drop(url)
+
+
+@pytest.fixture(scope="session")
+def migrated_mysql_url(mysql_url: str) -> Iterator[str]:
+    """One migrated MySQL database for the whole run (MySQL has no template databases);
+    tests empty its tables before use."""
+    url = create_mysql_database(mysql_url)
+    _migrate(url)
+    yield url
+    drop_mysql_database(mysql_url, url)
+
+
 @pytest.fixture(scope="session")
 def pg_base_url() -> str:
     """The Postgres server under test (skips locally when unset, fails under CI)."""
@@ -86,8 +166,38 @@ def pg_base_url() -> str:
     return url
 
 
+class _Dropper:
+    """Drops databases on a thread of its own, one at a time: a DROP DATABASE waits for a
+    checkpoint (a second or more on a busy disk), which the next test need not wait for."""
+
+    def __init__(self, base_url: str, drop: Callable[[str, str], None] = drop_pg_database) -> None:
+        self.base_url = base_url
+        self._drop = drop
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="drop-database")
+        self.pending: list[Future[None]] = []
+
+    def drop(self, url: str) -> None:
+        """Drop the database of ``url`` (made by ``create_pg_database``) soon."""
+        self.pending.append(self.pool.submit(self._drop, self.base_url, url))
+
+    def finish(self) -> None:
+        """Wait for every drop; raise the first that failed."""
+        try:
+            for done in self.pending:
+                done.result()
+        finally:
+            self.pool.shutdown()
+
+
+@pytest.fixture(scope="session")
+def _pg_dropper(pg_base_url: str) -> Iterator[_Dropper]:
+    dropper = _Dropper(pg_base_url)
+    yield dropper
+    dropper.finish()
+
+
 @pytest.fixture
-def fresh_pg_url(pg_base_url: str) -> Iterator[Callable[[], str]]:
+def fresh_pg_url(pg_base_url: str, _pg_dropper: _Dropper) -> Iterator[Callable[[], str]]:
     """A factory of empty Postgres databases, dropped after the test."""
     made: list[str] = []
 
@@ -97,30 +207,65 @@ def fresh_pg_url(pg_base_url: str) -> Iterator[Callable[[], str]]:
 
     yield make
     for url in made:
-        drop_pg_database(pg_base_url, url)
+        _pg_dropper.drop(url)
+
+
+def _migrate(url: str, *, checkpoint: bool = False) -> None:
+    """Migrate the database of ``url`` to head on a loop of its own (a test's may be
+    running); ``checkpoint`` (SQLite) leaves the whole database in its main file."""
+
+    async def migrate() -> None:
+        engine = create_async_engine(url)
+        try:
+            await SQLStore(engine).migrate()
+            if checkpoint:
+                async with engine.connect() as conn:
+                    await conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            await engine.dispose()
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, migrate()).result()
 
 
 def _migrated_pg_database(pg_base_url: str, *, distributed: bool = False) -> str:
     url = create_pg_database(pg_base_url)
     if distributed:
         set_pg_database(pg_base_url, url, SETTING, "on")
-
-    async def migrate() -> None:
-        engine = create_async_engine(url)
-        try:
-            await SQLStore(engine).migrate()
-        finally:
-            await engine.dispose()
-
-    with ThreadPoolExecutor(1) as pool:  # its own loop, even if a test's loop is running
-        pool.submit(asyncio.run, migrate()).result()
+    _migrate(url)
     return url
 
 
 @pytest.fixture(scope="session")
-def migrated_pg_url(pg_base_url: str) -> Iterator[str]:
-    """One migrated Postgres database for the whole run; tests truncate it before use."""
+def pg_template_url(pg_base_url: str) -> Iterator[str]:
+    """A Postgres database migrated once per run, which nothing connects to: each migrated
+    database a test asks for is a copy of it (``CREATE DATABASE ... TEMPLATE``)."""
     url = _migrated_pg_database(pg_base_url)
+    yield url
+    drop_pg_database(pg_base_url, url)
+
+
+@pytest.fixture
+def fresh_migrated_pg_url(
+    pg_base_url: str, pg_template_url: str, _pg_dropper: _Dropper
+) -> Iterator[Callable[[], str]]:
+    """A factory of new migrated Postgres databases (copies of the template), dropped after
+    the test: for a test that changes a database in ways a truncation does not undo."""
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(create_pg_database(pg_base_url, template=pg_template_url))
+        return made[-1]
+
+    yield make
+    for url in made:
+        _pg_dropper.drop(url)
+
+
+@pytest.fixture(scope="session")
+def migrated_pg_url(pg_base_url: str, pg_template_url: str) -> Iterator[str]:
+    """One migrated Postgres database for the whole run; tests truncate it before use."""
+    url = create_pg_database(pg_base_url, template=pg_template_url)
     yield url
     drop_pg_database(pg_base_url, url)
 
@@ -136,26 +281,65 @@ def migrated_pg_distributed_url(pg_base_url: str) -> Iterator[str]:
 
 async def _truncate(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
-        await conn.exec_driver_sql("TRUNCATE ds_events, ds_sessions, ds_user_state, ds_app_state")
+        if engine.dialect.name in ("mysql", "mariadb"):
+            # Events and their words go with their sessions (foreign keys ON DELETE CASCADE);
+            # a DELETE of a few rows is quicker than TRUNCATE, which is DDL on MySQL.
+            for table in (
+                "ds_sessions", "ds_user_state", "ds_app_state", "ds_memories", "ds_memory_terms",
+                "ds_keys",
+            ):  # fmt: skip
+                await conn.exec_driver_sql(f"DELETE FROM {table}")
+            return
+        await conn.exec_driver_sql(
+            "TRUNCATE ds_events, ds_sessions, ds_user_state, ds_app_state, ds_memories, "
+            "ds_memory_terms, ds_keys"
+        )
 
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
-    """The URL of a new SQLite file."""
+    """The URL of a new SQLite file, not migrated (not even created yet)."""
     return f"sqlite+aiosqlite:///{tmp_path / 'sessions.db'}"
 
 
-BACKENDS = [pytest.param("memory", marks=pytest.mark.memory), *SQL_BACKENDS, PG_DISTRIBUTED]
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated once per run (per pytest worker), its WAL checkpointed into
+    it: the file alone is the whole database, and copying it gives a migrated database."""
+    path = tmp_path_factory.mktemp("template") / "migrated.db"
+    _migrate(f"sqlite+aiosqlite:///{path}", checkpoint=True)
+    wal = path.with_name(path.name + "-wal")
+    assert not wal.exists() or wal.stat().st_size == 0, "the template's WAL was not emptied"
+    return path
 
 
 @pytest.fixture
-def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """The database URL of a SQL backend (parametrise ``backend`` with SQL_BACKENDS)."""
+def migrated_sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
+    """The URL of a new migrated, empty SQLite file (a copy of the template)."""
+    path = tmp_path / "sessions.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite+aiosqlite:///{path}"
+
+
+BACKENDS = [
+    pytest.param("memory", marks=pytest.mark.memory),
+    *SQL_BACKENDS,
+    PG_DISTRIBUTED,
+    MYSQL,
+]
+
+
+@pytest.fixture
+def backend_url(request: pytest.FixtureRequest) -> str:
+    """The URL of a migrated, empty database of a SQL backend (parametrise ``backend`` with
+    SQL_BACKENDS); on Postgres, the ``engine`` fixture empties it."""
     backend = request.getfixturevalue("backend")
     if backend == "sqlite":
-        return str(request.getfixturevalue("sqlite_url"))
+        return str(request.getfixturevalue("migrated_sqlite_url"))
     if backend == "postgres-distributed":
         return str(request.getfixturevalue("migrated_pg_distributed_url"))
+    if backend == "mysql":
+        return str(request.getfixturevalue("migrated_mysql_url"))
     return str(request.getfixturevalue("migrated_pg_url"))
 
 
@@ -163,9 +347,7 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 async def engine(backend: str, backend_url: str) -> AsyncIterator[AsyncEngine]:
     """An engine on a migrated, empty database of ``backend``."""
     eng = create_async_engine(backend_url)
-    if backend == "sqlite":
-        await SQLStore(eng).migrate()
-    else:
+    if backend != "sqlite":  # a SQLite file is a new copy of the template already
         await _truncate(eng)
     yield eng
     await eng.dispose()
@@ -173,7 +355,8 @@ async def engine(backend: str, backend_url: str) -> AsyncIterator[AsyncEngine]:
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    """Which store the test runs against: memory, sqlite, postgres or postgres-distributed."""
+    """Which store the test runs against: memory, sqlite, postgres, postgres-distributed or
+    mysql."""
     return str(request.param)
 
 

@@ -1,4 +1,5 @@
-"""Full-text search over event contents: a GIN index on Postgres, FTS5 on SQLite.
+"""Full-text search over event contents: a GIN index on Postgres, FTS5 on SQLite, a words
+table on MySQL.
 
 Revision ID: 0003
 Revises: 0002
@@ -11,25 +12,41 @@ tables below are frozen copies of ``durable_sessions.fulltext`` (a test checks t
 agree).
 
 Postgres: IMMUTABLE functions turn a content into its words and a tsvector of them (at
-their positions, to count occurrences), and a search text into a tsquery; the generated
-column ``ds_events.search_vector`` holds each event's, under the GIN index
-``ix_ds_events_search`` (both filled here for the events already stored). Neither the
-column nor the functions are in the SQLAlchemy metadata: the library's statements name
-their columns.
+their positions, to count occurrences), and a search text into a tsquery; the column
+``ds_events.search_vector`` holds each event's, under the GIN index ``ix_ds_events_search``.
+Neither the column nor the functions are in the SQLAlchemy metadata: the library's
+statements name their columns. Online (``online.py``): the column is added empty (no
+rewrite), the trigger ``ds_events_search_vector`` fills it for every insert that brings no
+vector (as revision 0008 has it), the events already stored get theirs in batches of short
+transactions (resumable: the rows still without a vector), then the index is built
+``CONCURRENTLY``. Until the backfill ends, a search misses the events not yet filled.
 
 SQLite: an FTS5 table over the same text, kept in step with ``ds_events`` by triggers on
 insert, delete and update (appends, truncations, forks, deletes, purges and imports all
 go through them; foreign-key cascades fire them too). FTS5 rows are keyed by the integer
 key of ``ds_events_fts_rowid``, never by ``ds_events``' own rowid, which VACUUM may
 renumber; the FTS5 table reads its text back through the view ``ds_events_fts_text``.
-The events already stored are indexed here. A later revision that rebuilds ``ds_events``
-(a batch "move and copy") drops these triggers with the old table and must create them
-again.
+The events already stored are indexed here, in batches of short write transactions (the
+events without a key in ``ds_events_fts_rowid``).
+
+MySQL (MariaDB): the table ``ds_event_words``, one row per distinct word of an event with
+its number of occurrences, under a primary key that leads with (organisation, word); the
+store writes an event's words with the event (the rules above, applied in Python), and a
+foreign key on the event removes them with it. No MySQL database held events before
+this revision could run there, so there is nothing to fill. A later revision that rebuilds
+``ds_events`` (a batch "move and copy") drops these triggers with the old table and must
+create them again.
+
+Databases this revision reached in an earlier form hold ``search_vector`` as a generated
+column instead; revision 0007 makes it the plain column filled by the trigger.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 
 from alembic import op
 
@@ -165,11 +182,27 @@ SQLITE_SEPARATORS = """
 FOLD_FROM = "\u00b5\u017f\u0345\u03c2\u03d0\u03d1\u03d5\u03d6\u03f0\u03f1\u03f5\u1e9b\u1fbe"
 FOLD_TO = "\u03bc\u0073\u03b9\u03c3\u03b2\u03b8\u03c6\u03c0\u03ba\u03c1\u03b5\u1e61\u03b9"
 
+TRIGGER = "ds_events_search_vector"
+"""The trigger, and its function, that fill the vector of an insert that brings none."""
 PG_FUNCTIONS = ("ds_search_query", "ds_search_vector", "ds_search_words", "ds_search_text")
 SQLITE_TRIGGERS = ("ds_events_fts_insert", "ds_events_fts_delete", "ds_events_fts_update")
 Q = "'"  # a single quote, doubled inside SQL literals
 # In jsonb's text of an array of strings: an escape, or the '", "' between two strings.
 ESCAPES = r'\\(u[0-9a-fA-F]{4}|.)|", "'
+
+
+def _online() -> ModuleType:
+    """The online steps of the revisions (``migrations/online.py``), loaded by path."""
+    path = Path(__file__).resolve().parents[1] / "online.py"
+    spec = importlib.util.spec_from_file_location(f"_durable_sessions_online_{revision}", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+online = _online()
 
 
 def _ranges(table: str) -> list[tuple[int, int]]:
@@ -275,17 +308,43 @@ def function_statements(s: str) -> list[str]:
     return out
 
 
+def trigger_statements(s: str, content: str) -> list[str]:
+    """The trigger function (computing the vector of ``content``) and the statement that
+    creates the trigger unless it exists (a ``DO`` block: no ``IF NOT EXISTS`` before
+    Postgres 14)."""
+    function = f"""CREATE OR REPLACE FUNCTION {s}{TRIGGER}() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            NEW.search_vector := {s}ds_search_vector({content});
+            RETURN NEW;
+        END
+        $$"""
+    trigger = f"""DO $do$ BEGIN
+        IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = to_regclass('ds_events')
+                AND tgname = '{TRIGGER}') THEN
+            CREATE TRIGGER {TRIGGER} BEFORE INSERT ON ds_events FOR EACH ROW
+                WHEN (NEW.search_vector IS NULL) EXECUTE FUNCTION {s}{TRIGGER}();
+        END IF;
+    END $do$"""
+    return [function, trigger]
+
+
 def _upgrade_postgres() -> None:
     s = _schema_prefix()
     for statement in function_statements(s):
-        op.execute(statement)
-    # Stored, so that neither a search's filter nor a recheck computes it again; adding
-    # it rewrites ds_events once, which indexes the events already stored.
-    op.execute(
-        "ALTER TABLE ds_events ADD COLUMN search_vector tsvector "
-        f"GENERATED ALWAYS AS ({s}ds_search_vector(content)) STORED"
+        op.execute(statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+    # Stored, so that neither a search's filter nor a recheck computes it again. Added
+    # empty (no rewrite); from the trigger on, every insert brings or gets its vector.
+    online.ddl("ALTER TABLE ds_events ADD COLUMN IF NOT EXISTS search_vector tsvector")
+    function, trigger = trigger_statements(s, "NEW.content::jsonb")
+    op.execute(function)
+    online.ddl(trigger, "create the trigger ds_events_search_vector")
+    online.backfill(
+        "0003 search vectors",
+        f"UPDATE ds_events AS e SET search_vector = {s}ds_search_vector(e.content) "
+        "WHERE {range} AND e.search_vector IS NULL AND e.content IS NOT NULL",
     )
-    op.execute("CREATE INDEX ix_ds_events_search ON ds_events USING gin (search_vector)")
+    online.create_index("ix_ds_events_search", "ON ds_events USING gin (search_vector)")
 
 
 def _sqlite_text(content: str) -> str:
@@ -302,19 +361,23 @@ def _upgrade_sqlite() -> None:
         f"separators '{separators.replace(Q, Q + Q)}'"
     )
     key = "org_id = {0}.org_id AND session_id = {0}.session_id AND seq = {0}.seq"
+    # One short write transaction (Alembic's, which env.py begins IMMEDIATE) for the
+    # tables and triggers; from then on every write of an event keeps the index in step.
     op.execute(
-        "CREATE TABLE ds_events_fts_rowid (rid INTEGER PRIMARY KEY, "
+        "CREATE TABLE IF NOT EXISTS ds_events_fts_rowid (rid INTEGER PRIMARY KEY, "
         "org_id VARCHAR(255) NOT NULL, session_id VARCHAR(255) NOT NULL, seq BIGINT NOT NULL, "
         "UNIQUE (org_id, session_id, seq))"
     )
     op.execute(
-        f"CREATE VIEW ds_events_fts_text (rid, body) AS SELECT k.rid, {_sqlite_text('e.content')} "
+        "CREATE VIEW IF NOT EXISTS ds_events_fts_text (rid, body) AS SELECT k.rid, "
+        f"{_sqlite_text('e.content')} "
         "FROM ds_events_fts_rowid AS k JOIN ds_events AS e ON e.org_id = k.org_id "
         "AND e.session_id = k.session_id AND e.seq = k.seq"
     )
     op.execute(
-        "CREATE VIRTUAL TABLE ds_events_fts USING fts5(body, content='ds_events_fts_text', "
-        f"content_rowid='rid', tokenize='{tokenize.replace(Q, Q + Q)}')"
+        "CREATE VIRTUAL TABLE IF NOT EXISTS ds_events_fts USING fts5(body, "
+        f"content='ds_events_fts_text', content_rowid='rid', "
+        f"tokenize='{tokenize.replace(Q, Q + Q)}')"
     )
     insert = (
         "INSERT INTO ds_events_fts_rowid (org_id, session_id, seq) "
@@ -327,32 +390,83 @@ def _upgrade_sqlite() -> None:
         f"{_sqlite_text('old.content')} FROM ds_events_fts_rowid WHERE {key.format('old')}; "
         f"DELETE FROM ds_events_fts_rowid WHERE {key.format('old')}; "
     )
-    op.execute(f"CREATE TRIGGER ds_events_fts_insert AFTER INSERT ON ds_events BEGIN {insert}END")
-    op.execute(f"CREATE TRIGGER ds_events_fts_delete AFTER DELETE ON ds_events BEGIN {remove}END")
     op.execute(
-        "CREATE TRIGGER ds_events_fts_update AFTER UPDATE OF org_id, session_id, seq, content "
-        f"ON ds_events BEGIN {remove}{insert}END"
+        "CREATE TRIGGER IF NOT EXISTS ds_events_fts_insert AFTER INSERT ON ds_events "
+        f"BEGIN {insert}END"
     )
-    # The events already stored.
     op.execute(
-        "INSERT INTO ds_events_fts_rowid (org_id, session_id, seq) "
-        "SELECT org_id, session_id, seq FROM ds_events ORDER BY org_id, session_id, seq"
+        "CREATE TRIGGER IF NOT EXISTS ds_events_fts_delete AFTER DELETE ON ds_events "
+        f"BEGIN {remove}END"
     )
-    op.execute("INSERT INTO ds_events_fts (rowid, body) SELECT rid, body FROM ds_events_fts_text")
+    op.execute(
+        "CREATE TRIGGER IF NOT EXISTS ds_events_fts_update AFTER UPDATE OF org_id, session_id, "
+        f"seq, content ON ds_events BEGIN {remove}{insert}END"
+    )
+    # The events already stored, a batch per write transaction: the events of the batch
+    # without a key get one (consecutive rids, past the largest), then their text.
+    online.backfill(
+        "0003 full-text index",
+        [
+            "SELECT coalesce(max(rid), 0) AS before_rid FROM ds_events_fts_rowid",
+            "INSERT INTO ds_events_fts_rowid (org_id, session_id, seq) "
+            "SELECT e.org_id, e.session_id, e.seq FROM ds_events AS e WHERE {range} "
+            "AND NOT EXISTS (SELECT 1 FROM ds_events_fts_rowid AS k WHERE k.org_id = e.org_id "
+            "AND k.session_id = e.session_id AND k.seq = e.seq) "
+            "ORDER BY e.org_id, e.session_id, e.seq",
+            "INSERT INTO ds_events_fts (rowid, body) "
+            "SELECT rid, body FROM ds_events_fts_text WHERE rid > :before_rid",
+        ],
+        offline_statements=[
+            "INSERT INTO ds_events_fts_rowid (org_id, session_id, seq) "
+            "SELECT org_id, session_id, seq FROM ds_events ORDER BY org_id, session_id, seq",
+            "INSERT INTO ds_events_fts (rowid, body) SELECT rid, body FROM ds_events_fts_text",
+        ],
+    )
+
+
+MYSQL_WORDS = "ds_event_words"
+"""MySQL's full-text index: one row per distinct word of an event (InnoDB's FULLTEXT drops
+words under three letters and its stop words, and splits words by rules of its own)."""
+
+
+def _upgrade_mysql() -> None:
+    """The words table, filled by the store as it writes events (the word rules are
+    ``durable_sessions.fulltext``'s, applied in Python); it goes with its event."""
+    op.execute(
+        f"CREATE TABLE IF NOT EXISTS {MYSQL_WORDS} ("
+        "org_id VARBINARY(512) NOT NULL, "
+        "word VARBINARY(1020) NOT NULL, "
+        "session_id VARBINARY(512) NOT NULL, "
+        "seq BIGINT NOT NULL, "
+        "n INTEGER NOT NULL, "
+        "PRIMARY KEY (org_id, word, session_id, seq), "
+        f"CONSTRAINT fk_{MYSQL_WORDS}_ds_events FOREIGN KEY (org_id, session_id, seq) "
+        "REFERENCES ds_events (org_id, session_id, seq) ON DELETE CASCADE"
+        ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+    )
 
 
 def upgrade() -> None:
     """Add the full-text index of event contents and index the events already stored."""
-    if op.get_context().dialect.name == "postgresql":
+    name = op.get_context().dialect.name
+    if name == "postgresql":
         _upgrade_postgres()
+    elif name in ("mysql", "mariadb"):
+        _upgrade_mysql()
     else:
         _upgrade_sqlite()
 
 
 def downgrade() -> None:
     """Drop the full-text index and what maintains it."""
+    if op.get_context().dialect.name in ("mysql", "mariadb"):
+        op.execute(f"DROP TABLE IF EXISTS {MYSQL_WORDS}")
+        return
     if op.get_context().dialect.name == "postgresql":
-        op.execute("DROP INDEX ix_ds_events_search")
+        s = _schema_prefix()
+        op.execute("DROP INDEX IF EXISTS ix_ds_events_search")
+        op.execute(f"DROP TRIGGER IF EXISTS {TRIGGER} ON ds_events")
+        op.execute(f"DROP FUNCTION IF EXISTS {s}{TRIGGER}()")
         op.execute("ALTER TABLE ds_events DROP COLUMN search_vector")
         for name in PG_FUNCTIONS:
             op.execute(f"DROP FUNCTION {name}")

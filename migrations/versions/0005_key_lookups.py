@@ -26,13 +26,19 @@ Here no listing index can serve a lookup by key:
   check) cannot.
 
 SQLite plans a lookup by the whole of a unique key before anything else, and gets only the
-new column order. On Postgres the two indexes are built again under the table's SHARE
-lock (writes wait; reads go on): a pause that grows with the number of sessions.
+new column order. Online (``online.py``): on Postgres each new index is built
+``CONCURRENTLY`` before the one it replaces is dropped ``CONCURRENTLY`` (the organisation
+index is built as ``ix_ds_sessions_org_updated_posix`` and then takes its name), so reads
+and writes go on and a listing always has an index; a build a kill left invalid is built
+again. On SQLite each index is built in a short write transaction of its own.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 
 from alembic import op
 
@@ -45,6 +51,24 @@ depends_on: str | Sequence[str] | None = None
 TABLE = "ds_sessions"
 
 
+ORG_INDEX = "ix_ds_sessions_org_updated"
+ORG_INDEX_NEW = "ix_ds_sessions_org_updated_posix"
+
+
+def _online() -> ModuleType:
+    """The online steps of the revisions (``migrations/online.py``), loaded by path."""
+    path = Path(__file__).resolve().parents[1] / "online.py"
+    spec = importlib.util.spec_from_file_location(f"_durable_sessions_online_{revision}", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+online = _online()
+
+
 def _postgres() -> bool:
     return op.get_context().dialect.name == "postgresql"
 
@@ -52,16 +76,23 @@ def _postgres() -> bool:
 def upgrade() -> None:
     """Lead the user index with user_id; on Postgres, org_id of the organisation index
     under "POSIX"."""
-    op.drop_index("ix_ds_sessions_org_user_updated", table_name=TABLE)
-    op.create_index(
-        "ix_ds_sessions_user_org_updated", TABLE, ["user_id", "org_id", "updated_at", "id"]
+    online.create_index(
+        "ix_ds_sessions_user_org_updated", f"ON {TABLE} (user_id, org_id, updated_at, id)"
     )
-    if _postgres():
-        op.drop_index("ix_ds_sessions_org_updated", table_name=TABLE)
-        op.execute(
-            f'CREATE INDEX ix_ds_sessions_org_updated ON {TABLE} (org_id COLLATE "POSIX", '
-            "updated_at, id)"
+    online.drop_index("ix_ds_sessions_org_user_updated")
+    if not _postgres():
+        return
+    if online.offline():
+        definition = None
+    else:
+        definition = online.scalar(
+            "SELECT pg_get_indexdef(to_regclass(:name))", {"name": ORG_INDEX}
         )
+    if definition is not None and 'COLLATE "POSIX"' in definition:
+        return  # done by a run that was stopped before its stamp
+    online.create_index(ORG_INDEX_NEW, f'ON {TABLE} (org_id COLLATE "POSIX", updated_at, id)')
+    online.drop_index(ORG_INDEX)
+    online.ddl(f"ALTER INDEX {ORG_INDEX_NEW} RENAME TO {ORG_INDEX}")
 
 
 def downgrade() -> None:

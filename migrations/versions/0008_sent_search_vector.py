@@ -23,11 +23,16 @@ Where ``ds_events`` is already distributed by Citus, nothing changes: Citus runs
 on a distributed table, and the generated column keeps computing the vectors (the library
 sees which kind of column it writes to, and sends a vector only to a plain one). The
 README's recipe puts a migrated schema's column back as a generated one before
-distributing it (``durable_sessions.sql.citus.distribution_sql``).
+distributing it (``durable_sessions.sql.dialects.citus.distribution_sql``).
 
-The downgrade makes the column generated again: it is dropped and added back (a rewrite of
-``ds_events`` that computes every vector) with its index. SQLite is untouched (its index is
-the FTS5 table of revision 0003).
+Revisions 0003 and 0007 in their online form leave the column plain with this trigger
+already (see 0007); here the function and the trigger are then made sure of, which takes no
+lock when they exist. The ``DROP EXPRESSION`` of a database that still has a generated
+column is one short lock, under the lock timeout and tried again (``online.py``), with the
+trigger created in the same transaction.
+
+The downgrade keeps the plain column and its trigger, the form revision 0007 gives. SQLite
+is untouched (its index is the FTS5 table of revision 0003).
 """
 
 from __future__ import annotations
@@ -45,19 +50,21 @@ down_revision: str | Sequence[str] | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-TRIGGER = "ds_events_search_vector"
-"""The trigger, and its function, that fill a vector an insert did not bring."""
 
-
-def _schema_prefix() -> str:
-    """Revision 0003's schema prefix of the search functions (loaded by path)."""
-    path = Path(__file__).with_name("0003_search.py")
-    spec = importlib.util.spec_from_file_location("_durable_sessions_revision_0003", path)
+def _revision(filename: str) -> ModuleType:
+    """An earlier revision's module, loaded by path."""
+    path = Path(__file__).with_name(filename)
+    spec = importlib.util.spec_from_file_location(f"_durable_sessions_{path.stem}", path)
     assert spec is not None
     assert spec.loader is not None
     module: ModuleType = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return str(module._schema_prefix())
+    return module
+
+
+def _schema_prefix() -> str:
+    """Revision 0003's schema prefix of the search functions (loaded by path)."""
+    return str(_revision("0003_search.py")._schema_prefix())
 
 
 def _distributed() -> bool:
@@ -79,43 +86,47 @@ def _server_version() -> int:
     return int(op.get_bind().exec_driver_sql("SHOW server_version_num").scalar())
 
 
+def _generated() -> bool:
+    """Whether ``ds_events.search_vector`` is a generated column."""
+    if op.get_context().as_sql:
+        return True
+    found = op.get_bind().exec_driver_sql(
+        "SELECT attgenerated::text FROM pg_attribute WHERE attrelid = to_regclass('ds_events') "
+        "AND attname = 'search_vector' AND NOT attisdropped"
+    )
+    return found.scalar() == "s"
+
+
 def upgrade() -> None:
     """Make ``search_vector`` a plain column, filled by the trigger when a write sends none."""
     if op.get_context().dialect.name != "postgresql" or _distributed():
         return
+    r3 = _revision("0003_search.py")
+    online = r3.online
     s = _schema_prefix()
-    if _server_version() >= 130000:
-        op.execute("ALTER TABLE ds_events ALTER COLUMN search_vector DROP EXPRESSION")
-    else:  # Postgres 12: no DROP EXPRESSION; copy the vectors into a plain column
+    function, trigger = r3.trigger_statements(s, "NEW.content::jsonb")
+    generated = _generated()
+    if generated and _server_version() < 130000:
+        # Postgres 12: no DROP EXPRESSION; copy the vectors into a plain column (a rewrite).
         op.execute("ALTER TABLE ds_events ADD COLUMN search_vector_plain tsvector")
         op.execute("UPDATE ds_events SET search_vector_plain = search_vector")
         op.execute("ALTER TABLE ds_events DROP COLUMN search_vector")  # and its index
         op.execute("ALTER TABLE ds_events RENAME COLUMN search_vector_plain TO search_vector")
         op.execute("CREATE INDEX ix_ds_events_search ON ds_events USING gin (search_vector)")
-    op.execute(
-        f"""CREATE FUNCTION {s}{TRIGGER}() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            NEW.search_vector := {s}ds_search_vector(NEW.content::jsonb);
-            RETURN NEW;
-        END
-        $$"""
-    )
-    op.execute(
-        f"CREATE TRIGGER {TRIGGER} BEFORE INSERT ON ds_events FOR EACH ROW "
-        f"WHEN (NEW.search_vector IS NULL) EXECUTE FUNCTION {s}{TRIGGER}()"
-    )
+        generated = False
+    op.execute(function)
+    body = trigger.removeprefix("DO $do$ BEGIN").removesuffix("END $do$")
+    if generated:
+        online.ddl(
+            "DO $do$ BEGIN\n"
+            "LOCK TABLE ds_events IN ACCESS EXCLUSIVE MODE;\n"
+            "ALTER TABLE ds_events ALTER COLUMN search_vector DROP EXPRESSION;\n"
+            f"{body}END $do$",
+            "0008 plain search_vector",
+        )
+    else:
+        online.ddl(trigger, "0008 create the trigger ds_events_search_vector")
 
 
 def downgrade() -> None:
-    """Make ``search_vector`` a generated column again, as revisions 0003 to 0007 had it."""
-    if op.get_context().dialect.name != "postgresql" or _distributed():
-        return
-    s = _schema_prefix()
-    op.execute(f"DROP TRIGGER IF EXISTS {TRIGGER} ON ds_events")
-    op.execute(f"DROP FUNCTION IF EXISTS {s}{TRIGGER}()")
-    op.execute("ALTER TABLE ds_events DROP COLUMN search_vector")  # and its index
-    op.execute(
-        "ALTER TABLE ds_events ADD COLUMN search_vector tsvector "
-        f"GENERATED ALWAYS AS ({s}ds_search_vector(content::jsonb)) STORED"
-    )
-    op.execute("CREATE INDEX ix_ds_events_search ON ds_events USING gin (search_vector)")
+    """Nothing: revision 0007 has the plain column and its trigger too."""

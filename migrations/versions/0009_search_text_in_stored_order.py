@@ -28,13 +28,17 @@ same; ``json.loads`` keeps the last one).
 - The trigger ``ds_events_search_vector`` calls the ``json`` version (no cast).
 - The stored vectors that may differ are computed again: those of the events whose
   content's text is longer than 200,000 bytes, where ``search_vector`` is a plain column.
+  Online (``online.py``): in batches of short transactions over the primary key, each
+  updating the long events of its range whose vector differs (so a run that was stopped
+  resumes, and finds nothing left to do where it already passed).
 - The ``jsonb`` versions stay (a generated column of a table Citus distributed before this
   revision calls them; the overloads do not make a call with a ``json`` or ``jsonb``
   argument ambiguous, only one with an untyped literal).
 
 Where Citus distributes ``ds_events`` no table is altered or updated: the functions are
 created, and the generated column keeps calling what it called (the recipe of
-``durable_sessions.sql.citus.distribution_sql`` now gives it ``ds_search_vector(content)``).
+``durable_sessions.sql.dialects.citus.distribution_sql`` gives it
+``ds_search_vector(content)``).
 
 The downgrade puts back 0008's trigger function and drops the ``json`` versions (unless a
 generated column calls them); the vectors stay as they are. SQLite is untouched.
@@ -245,12 +249,15 @@ def upgrade() -> None:
     if _plain_vector():
         # Only a text longer than MAX_TEXT characters can be cut elsewhere; its JSON text
         # is longer still, in bytes (read from the value's header, not the value).
-        op.execute(
-            f"UPDATE ds_events AS e SET search_vector = f.vector FROM (SELECT org_id, "
-            f"session_id, seq, {s}ds_search_vector(content) AS vector FROM ds_events "
-            f"WHERE octet_length(content::text) > {MAX_TEXT}) AS f "
-            "WHERE e.org_id = f.org_id AND e.session_id = f.session_id AND e.seq = f.seq "
-            "AND e.search_vector IS DISTINCT FROM f.vector"
+        online = _revision("0003_search.py").online
+        long_and_stale = (
+            f"octet_length(e.content::text) > {MAX_TEXT} "
+            f"AND e.search_vector IS DISTINCT FROM {s}ds_search_vector(e.content)"
+        )
+        online.backfill(
+            "0009 long events' vectors",
+            f"UPDATE ds_events AS e SET search_vector = {s}ds_search_vector(e.content) "
+            f"WHERE {{range}} AND {long_and_stale}",
         )
 
 

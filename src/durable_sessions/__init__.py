@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from .context import current_conversation_id, current_org_id
 from .errors import (
+    DecryptionError,
     DeletionIncompleteError,
     InvalidArgumentError,
     InvalidStateError,
     MissingScopeError,
     SchemaNotMigratedError,
+    SchemaTooNewError,
     SessionError,
     SessionExistsError,
     SessionNotFoundError,
@@ -18,7 +20,7 @@ from .errors import (
 )
 from .manager import Manager
 from .memory import InMemoryStore
-from .model import Event, Filter, Page, SearchHit, Session, derive_title, new_id
+from .model import Event, Filter, Memory, Page, SearchHit, Session, derive_title, new_id
 from .service import SessionService
 from .sql.store import SQLStore
 from .state import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
@@ -30,6 +32,7 @@ __all__ = [
     "APP_PREFIX",
     "TEMP_PREFIX",
     "USER_PREFIX",
+    "DecryptionError",
     "DeletionIncompleteError",
     "Event",
     "Filter",
@@ -37,10 +40,12 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidStateError",
     "Manager",
+    "Memory",
     "MissingScopeError",
     "Page",
     "SQLStore",
     "SchemaNotMigratedError",
+    "SchemaTooNewError",
     "SearchHit",
     "Session",
     "SessionError",

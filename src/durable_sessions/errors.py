@@ -13,7 +13,9 @@ the same class on every store (in-memory, SQLite, Postgres)::
     ├── SchemaNotMigratedError   the database schema is missing or behind the code
     └── StoreError               the database failed an operation; nothing of it was written
         ├── StoreUnavailableError    the database could not be reached or dropped the connection
-        └── DeletionIncompleteError  purge/delete_user waited too long for rows held by writers
+        ├── DeletionIncompleteError  purge/delete_user waited too long for rows held by writers
+        ├── DecryptionError          a stored value cannot be decrypted with the store's keyring
+        └── SchemaTooNewError        a newer durable-sessions migrated the database
 
 Messages carry ids and keys, never a connection URL or password.
 """
@@ -21,11 +23,13 @@ Messages carry ids and keys, never a connection URL or password.
 from __future__ import annotations
 
 __all__ = [
+    "DecryptionError",
     "DeletionIncompleteError",
     "InvalidArgumentError",
     "InvalidStateError",
     "MissingScopeError",
     "SchemaNotMigratedError",
+    "SchemaTooNewError",
     "SessionError",
     "SessionExistsError",
     "SessionNotFoundError",
@@ -51,8 +55,11 @@ class SessionNotFoundError(SessionError, LookupError):
 class SessionExistsError(SessionError):
     """Raised when creating a session whose id is already taken in its organisation."""
 
-    def __init__(self, org_id: str, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} already exists in organisation {org_id!r}")
+    def __init__(self, org_id: str, session_id: str, detail: str = "") -> None:
+        super().__init__(
+            f"session {session_id!r} already exists in organisation {org_id!r}"
+            + (f" {detail}" if detail else "")
+        )
         self.org_id = org_id
         self.session_id = session_id
 
@@ -107,19 +114,47 @@ class StoreUnavailableError(StoreError):
 
 
 class DeletionIncompleteError(StoreError):
-    """Raised when ``purge`` or ``delete_user`` gives up waiting for rows held by writers.
+    """Raised when ``purge`` or ``delete_user`` gives up waiting for rows held by writers
+    (or, on SQLite, for readers that keep the erased pages in the write-ahead log).
 
     The batches it deleted stay deleted; ``remaining`` sessions still match. Running the
     same call again, once the writers let go, finishes the job.
     """
 
-    def __init__(self, operation: str, org_id: str, deleted: int, remaining: int) -> None:
+    def __init__(
+        self, operation: str, org_id: str, deleted: int, remaining: int, *, reason: str = ""
+    ) -> None:
+        why = reason or (
+            f"{remaining} matching sessions are left, held or still being written by "
+            "concurrent writers"
+        )
         super().__init__(
-            f"{operation} in organisation {org_id!r} stopped at the lock timeout: {remaining} "
-            f"matching sessions are left, held or still being written by concurrent writers "
+            f"{operation} in organisation {org_id!r} stopped at the lock timeout: {why} "
             f"({deleted} were deleted); run it again"
         )
         self.operation = operation
         self.org_id = org_id
         self.deleted = deleted
         self.remaining = remaining
+
+
+class DecryptionError(StoreError):
+    """Raised when a stored value cannot be decrypted: its data key was destroyed (the user
+    was erased), the keyring lacks the master key that wrapped it, the keyring is not the
+    one the data was written with, or the value was tampered with or moved to another row.
+
+    Never raised for a store without a keyring. The message names the key, never a secret.
+    """
+
+
+class SchemaTooNewError(StoreError):
+    """Raised when the database is at a revision this version does not know: a newer
+    durable-sessions migrated it. Upgrade the package; migrating cannot help."""
+
+    def __init__(self, revision: str, head: str) -> None:
+        super().__init__(
+            f"this database is at revision {revision}, newer than this durable-sessions knows "
+            f"(head {head}); upgrade durable-sessions"
+        )
+        self.revision = revision
+        self.head = head

@@ -32,6 +32,7 @@ __all__ = [
     "parse_ranges",
     "query_words",
     "search_vector",
+    "search_vector_of",
     "snippet",
     "term_count",
     "words",
@@ -241,11 +242,14 @@ def search_vector(content: Any) -> str:
     positions.
 
     The vector Postgres's ``ds_search_vector`` gives of the ``json`` content, its strings
-    in stored order (revision 0009; revision 0003's, of ``jsonb``, reads object keys in
-    ``jsonb``'s order). Writes send it (revision 0008), so that Postgres does not compute it
-    for every event.
+    in stored order (a ``jsonb`` value would give its object keys in ``jsonb``'s order).
+    Writes send it, so that Postgres does not compute it for every event.
     """
-    found = words(event_text(content))
+    return search_vector_of(words(event_text(content)))
+
+
+def search_vector_of(found: list[str]) -> str:
+    """The ``tsvector`` text of a list of words, in order (see ``search_vector``)."""
     n = len(found)
     if n <= MAX_REPEATS or (n <= MAX_POSITIONS and max(Counter(found).values()) <= MAX_REPEATS):
         return " ".join([f"'{word}':{place}" for place, word in enumerate(found, 1)])

@@ -10,11 +10,15 @@ from types import TracebackType
 from typing import Any
 
 from .context import Binding, bind_session, reset_binding
+from .errors import SessionExistsError, SessionNotFoundError
 from .model import Event, Filter, Page, Session, derive_title, new_id, utcnow
 from .state import validate_id
 from .store import Store
 
 __all__ = ["Manager", "Resume"]
+
+_GET_OR_CREATE_ATTEMPTS = 5
+"""Reads and creates ``get_or_create`` tries while other callers delete and create the id."""
 
 
 class Resume:
@@ -58,6 +62,14 @@ class Resume:
 class Manager:
     """Creates and resolves sessions of one application, and binds them to the context.
 
+    The organisation (``org_id``) is the isolation boundary: no call reads or writes across
+    organisations, and an id is unique within one. ``app_name`` is not a boundary: it is
+    stamped on the sessions this manager creates (and so scopes their ``app:`` state), but
+    ``get``, ``resume``, ``save``, ``delete``, ``fork`` and the rest reach any session of
+    the organisation by its id, whatever app created it, and ``list`` filters by app only
+    when ``filter.app_name`` says so. Give tenants that must not see each other different
+    organisations (see ``docs/concepts/tenancy.md``).
+
     Args:
         store: Where sessions live (``InMemoryStore``, ``SQLStore``, or your own ``Store``).
         app_name: The application; it scopes ``app:`` state and is stamped on new sessions.
@@ -80,6 +92,8 @@ class Manager:
 
         Raises:
             SessionExistsError: ``id`` is taken in the organisation.
+            InvalidArgumentError: ``title`` is longer than 1,024 UTF-8 bytes
+                (``prepare.MAX_TITLE_BYTES``).
             InvalidStateError: ``state`` holds something that cannot be stored.
         """
         session = Session(
@@ -188,19 +202,82 @@ class Manager:
     async def append_event(self, session: Session, event: Event) -> Event:
         """Append an event to a session's transcript and apply its state delta.
 
+        An event with a ``state_delta`` is appended only if ``session`` is current: the
+        stored session has not changed since this copy was read (its version), as ``save``
+        requires, so a delta computed from stale state never overwrites a newer change. An
+        event without a delta changes no state and is appended from any copy of the same
+        life of the id (counters are added in place, never lost).
+
         The session object is updated in place: counters, version and the delta (``temp:``
-        keys included, visible until the object is dropped but never stored).
+        keys included, visible until the object is dropped but never stored). When the
+        delta is computed from the state, reload and retry on a conflict::
+
+            while True:
+                session = await manager.get_or_create(org_id, user_id, session_id)
+                turns = session.get("turns", 0) + 1
+                try:
+                    await manager.append_event(
+                        session, Event("agent", content=reply, state_delta={"turns": turns})
+                    )
+                    break
+                except StaleSessionError:
+                    continue  # another writer moved the session on: read it again
 
         Raises:
-            StaleSessionError: the session was deleted and its id created again since this
-                copy was read; nothing is written.
+            StaleSessionError: the event has a ``state_delta`` and the stored session changed
+                since this copy was read, or the session was deleted and its id created
+                again since; nothing is written.
             SessionNotFoundError: the session no longer exists.
         """
+        expected = session.version if event.state_delta else None
         stored = await self.store.append_event(
-            session.org_id, session.id, event, incarnation=session.incarnation
+            session.org_id,
+            session.id,
+            event,
+            expected_version=expected,
+            incarnation=session.incarnation,
         )
         session.apply_appended(event)
         return stored
+
+    async def get_or_create(
+        self,
+        org_id: str,
+        user_id: str,
+        id: str,
+        *,
+        state: dict[str, Any] | None = None,
+        title: str = "",
+    ) -> Session:
+        """Return the session ``id``, creating it for ``user_id`` (with ``state`` and
+        ``title``) when there is none.
+
+        Creators that race on one id all get the one session that was created: a
+        ``SessionExistsError`` of the losing ``create`` is never raised, the winner's
+        session is read instead. ``state`` and ``title`` apply only to a session this call
+        creates. The session found must be of ``user_id`` and of this manager's
+        ``app_name``: another user's or app's session under that id is not returned.
+
+        Raises:
+            SessionExistsError: ``id`` names a session of another user or app in the
+                organisation.
+            SessionNotFoundError: other callers deleted the session each time it was
+                created or read, five times in a row.
+            InvalidStateError: ``state`` holds something that cannot be stored.
+        """
+        for _ in range(_GET_OR_CREATE_ATTEMPTS):
+            try:
+                found = await self.store.get(org_id, id)
+            except SessionNotFoundError:
+                try:
+                    return await self.create(org_id, user_id, state=state, id=id, title=title)
+                except SessionExistsError:
+                    continue  # another creator won: read its session
+            if (found.user_id, found.app_name) != (user_id, self.app_name):
+                raise SessionExistsError(org_id, id)
+            return found
+        # Created and deleted again between each read and create: what is there now.
+        return await self.store.get(org_id, id)
 
     async def list_events(
         self,
@@ -233,9 +310,10 @@ class Manager:
         """
         return await self.store.purge(org_id, older_than=older_than, dry_run=dry_run)
 
-    async def delete_user(self, org_id: str, user_id: str) -> int:
-        """Erase a user's sessions, transcripts and ``user:`` state; return the sessions."""
-        return await self.store.delete_user(org_id, user_id)
+    async def delete_user(self, org_id: str, user_id: str, *, dry_run: bool = False) -> int:
+        """Erase a user's sessions, transcripts and ``user:`` state; return the sessions
+        deleted (with ``dry_run``, how many would be)."""
+        return await self.store.delete_user(org_id, user_id, dry_run=dry_run)
 
     async def truncate_events(self, session: Session, after_seq: int) -> builtins.list[Event]:
         """Remove the session's events after ``after_seq``; return them, oldest first.

@@ -2,40 +2,40 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from .cursor import decode_cursor, encode_cursor
 from .errors import InvalidArgumentError, StaleSessionError
 from .fulltext import MAX_QUERY, MAX_WORD, fold, query_words
+from .jsoncodec import copy_json, json_equal, to_json
 from .model import Event, Filter, Page, Session, new_id
 from .state import (
     APP_PREFIX,
+    MAX_INT64,
     USER_PREFIX,
     ScopedDelta,
     check_text,
     checked_copy,
-    copy_json,
-    json_equal,
     split_delta,
-    to_json,
     validate_id,
 )
 from .store import check_after_seq
 
 __all__ = [
+    "EARLIEST",
     "FORKED_FROM",
+    "LATEST",
     "MAX_INCREMENT",
     "MAX_INT64",
     "MAX_LIMIT",
+    "MAX_TITLE_BYTES",
     "PAGE_SIZE",
     "RECREATED",
+    "TIMESTAMP_RANGE",
     "OwnerState",
     "check_after",
     "check_count",
@@ -55,8 +55,10 @@ __all__ = [
     "check_session",
     "check_shared_deletes",
     "check_timeout",
+    "check_timestamp",
     "check_title",
     "check_touch",
+    "cut_title",
     "event_from_array",
     "event_json",
     "events_json",
@@ -69,14 +71,26 @@ __all__ = [
     "prepare_event",
     "prepare_update",
     "purge_cutoff",
+    "timestamp_from_seconds",
 ]
 
-MAX_INT64 = 2**63 - 1
-"""The largest value of a stored counter or version: a 64-bit signed integer."""
 MAX_LIMIT = MAX_INT64
 """The largest limit accepted: a 64-bit signed integer."""
 MAX_INCREMENT = 2**31 - 1
 """The largest counter increment accepted, so that 64-bit counters cannot overflow."""
+
+EARLIEST = datetime(1, 1, 2, tzinfo=timezone.utc)
+"""The earliest timestamp stored (events, and the times an import brings): a day after
+``datetime.min``. Postgres takes ``datetime.min`` and ``datetime.max`` for ``-infinity`` and
+``infinity``, which no read can give back; a day inside each end also keeps every stored
+moment expressible in any time zone."""
+LATEST = datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=timezone.utc)
+"""The latest timestamp stored: a day before ``datetime.max`` (see ``EARLIEST``)."""
+TIMESTAMP_RANGE = "from 0001-01-02 to 9999-12-30T23:59:59.999999 UTC"
+"""``EARLIEST`` to ``LATEST``, as error messages name them."""
+
+MAX_TITLE_BYTES = 1024
+"""The longest session title, in UTF-8 bytes."""
 
 RECREATED = "was deleted and created again since this copy was read"
 """Why a write from a copy of an earlier life of a session id is refused."""
@@ -138,26 +152,89 @@ def check_expected(expected_version: int | None, incarnation: str | None = None)
         validate_id("incarnation", incarnation, allow_empty=True)  # "": made before 0002
 
 
+NO_TRUNCATION: Any = object()
+"""``check_guarded``'s ``after_seq`` for a write that truncates nothing."""
+
+
+def check_guarded(
+    org_id: str,
+    session_id: str,
+    expected_version: int | None,
+    incarnation: str | None,
+    *,
+    after_seq: Any = NO_TRUNCATION,
+    title: str = "",
+) -> None:
+    """Check a write to one session that a copy's version or incarnation may guard: the
+    ids, the ``after_seq`` of a truncation, the guard, then a title it sets."""
+    check_session(org_id, session_id)
+    if after_seq is not NO_TRUNCATION:
+        check_after_seq(after_seq)
+    check_expected(expected_version, incarnation)
+    check_title(title)
+
+
 def check_count(name: str, value: int) -> None:
     """Check a counter increment (bounded, so that 64-bit counters never overflow)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INCREMENT:
         raise InvalidArgumentError(f"{name} must be an integer from 0 to {MAX_INCREMENT}")
 
 
-def check_after(after: datetime | None) -> datetime | None:
-    """Check an ``after`` bound and return it in UTC."""
+def check_after(after: datetime | None, name: str = "after") -> datetime | None:
+    """Check a moment (the argument ``name``: an ``after`` bound, an event's timestamp) and
+    return it in UTC."""
     if after is None:
         return None
     if not isinstance(after, datetime):
-        raise InvalidArgumentError("after must be a datetime")
+        raise InvalidArgumentError(f"{name} must be a datetime, not {type(after).__name__}")
     if after.tzinfo is None or after.utcoffset() is None:
-        raise InvalidArgumentError("after must be timezone-aware (e.g. datetime.now(timezone.utc))")
+        raise InvalidArgumentError(
+            f"{name} must be timezone-aware (e.g. datetime.now(timezone.utc))"
+        )
     try:
         return after.astimezone(timezone.utc)
     except OverflowError:
+        raise InvalidArgumentError(f"{name} is out of range in UTC (years 1 to 9999)") from None
+
+
+def check_timestamp(name: str, moment: Any) -> datetime:
+    """Check a timestamp to store and return it in UTC: a timezone-aware ``datetime`` from
+    ``EARLIEST`` to ``LATEST``, alike on every store.
+
+    Raises:
+        InvalidArgumentError: it is not a datetime, is naive, or is out of that range
+            (``name`` says which argument).
+    """
+    aware = isinstance(moment, datetime) and moment.utcoffset() is not None
+    # Compared as aware datetimes (no conversion, which could overflow at the ends).
+    if aware and not EARLIEST <= moment <= LATEST:
         raise InvalidArgumentError(
-            "the datetime is out of range in UTC (years 1 to 9999)"
+            f"{name} {moment.isoformat()} is out of range ({TIMESTAMP_RANGE})"
+        )
+    utc = check_after(moment, name)  # not a datetime, or naive: its error
+    if utc is None:
+        raise InvalidArgumentError(f"{name} must be a datetime, not None")
+    return utc
+
+
+def timestamp_from_seconds(name: str, seconds: Any) -> datetime:
+    """Return a number of seconds since 1970-01-01 UTC (as ADK's ``Event.timestamp``) as a
+    stored timestamp (``check_timestamp``).
+
+    Raises:
+        InvalidArgumentError: it is not a finite number, or is out of the stored range.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise InvalidArgumentError(
+            f"{name} must be a number of seconds, not {type(seconds).__name__}"
+        )
+    try:
+        moment = datetime.fromtimestamp(seconds, tz=timezone.utc)
+    except (ValueError, OverflowError, OSError):  # NaN, infinities, past the year 9999
+        raise InvalidArgumentError(
+            f"{name} {seconds!r} is not a time in range ({TIMESTAMP_RANGE})"
         ) from None
+    return check_timestamp(name, moment)
 
 
 def check_counters(
@@ -221,13 +298,24 @@ def check_timeout(name: str, seconds: float) -> float:
 
 
 def check_title(title: str) -> str:
-    """Check a session title and return it."""
+    """Check a session title and return it: a string of at most ``MAX_TITLE_BYTES`` UTF-8
+    bytes that every store keeps as it is."""
     if not isinstance(title, str):
         raise InvalidArgumentError("title must be a string")
     problem = check_text(title)
     if problem:
         raise InvalidArgumentError(f"title {problem}")
+    if len(title) > MAX_TITLE_BYTES // 4 and len(title.encode("utf-8")) > MAX_TITLE_BYTES:
+        raise InvalidArgumentError(f"title is longer than {MAX_TITLE_BYTES} UTF-8 bytes")
     return title
+
+
+def cut_title(title: str) -> str:
+    """Return ``title`` cut to at most ``MAX_TITLE_BYTES`` UTF-8 bytes, at a character
+    boundary (never inside a character's encoding): for titles an import brings."""
+    if len(title) <= MAX_TITLE_BYTES // 4:
+        return title
+    return title.encode("utf-8")[:MAX_TITLE_BYTES].decode("utf-8", "ignore")
 
 
 def _check_metadata(session: Session) -> None:
@@ -295,8 +383,7 @@ def prepare_event(event: Event, max_bytes: int | None = None) -> tuple[Event, Sc
     validate_id("event id", event.id)
     validate_id("event invocation_id", event.invocation_id, allow_empty=True)
     check_count("event tokens", event.tokens)
-    stamp = check_after(event.timestamp)
-    assert stamp is not None
+    stamp = check_timestamp("event timestamp", event.timestamp)
     content = checked_copy("<event content>", event.content, max_bytes)
     given = event.state_delta
     if not isinstance(given, Mapping):
@@ -480,70 +567,13 @@ def check_delete_user(org_id: str, user_id: str) -> None:
 PAGE_SIZE = 100
 """Sessions per page of ``list_page`` when the filter's ``limit`` is 0."""
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_CURSOR_TAG = "p1"  # the cursor format's version
-_CURSOR_CHECK = b"durable-sessions page cursor\0"
-# "P" first: base64url may start with "-", which a command line would take for an option.
-_CURSOR_TEXT = re.compile(r"P([A-Za-z0-9_-]{1,4096})")
-_MALFORMED = (
-    "cursor is not one this store made (malformed or altered): pass a Page.next_cursor "
-    "as it was returned, or None for the first page"
-)
-_FOREIGN = (
-    "cursor belongs to another listing: pass the same org_id, user_id, app_name and "
-    "parent_id as the call that returned it"
-)
-
-
-def _listing(filter: Filter) -> str:
-    """What a cursor is bound to: the filter's organisation and narrowing (not its page
-    size or ``with_state``, which may change from page to page)."""
-    key = json.dumps([filter.org_id, filter.user_id, filter.app_name, filter.parent_id])
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
-
-
-def _encode_cursor(filter: Filter, last: Session) -> str:
-    micros = (last.updated_at - _EPOCH) // timedelta(microseconds=1)
-    payload = json.dumps(
-        [_CURSOR_TAG, micros, last.id, _listing(filter)], separators=(",", ":")
-    ).encode("utf-8")
-    check = hashlib.sha256(_CURSOR_CHECK + payload).digest()[:8]
-    return "P" + base64.urlsafe_b64encode(check + payload).decode("ascii").rstrip("=")
-
-
-def _decode_cursor(filter: Filter, cursor: object) -> tuple[datetime, str]:
-    """The position a cursor names: the (updated_at, id) of the last session it passed."""
-    if not isinstance(cursor, str):
-        raise InvalidArgumentError(
-            f"cursor must be a string (a Page.next_cursor) or None, not {type(cursor).__name__}"
-        )
-    found = _CURSOR_TEXT.fullmatch(cursor)
-    if found is None:
-        raise InvalidArgumentError(_MALFORMED)
-    try:
-        text = found.group(1)
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        check, payload = raw[:8], raw[8:]
-        if hashlib.sha256(_CURSOR_CHECK + payload).digest()[:8] != check:
-            raise ValueError("checksum")
-        tag, micros, session_id, listing = json.loads(payload.decode("utf-8"))
-        if tag != _CURSOR_TAG or type(micros) is not int or not isinstance(listing, str):
-            raise ValueError("fields")
-        validate_id("session_id", session_id)
-        updated_at = _EPOCH + timedelta(microseconds=micros)
-    except (ValueError, TypeError, OverflowError, binascii.Error, InvalidArgumentError):
-        raise InvalidArgumentError(_MALFORMED) from None
-    if listing != _listing(filter):
-        raise InvalidArgumentError(_FOREIGN)
-    return updated_at, session_id
-
 
 def check_list_page(filter: Filter, cursor: str | None) -> tuple[int, tuple[datetime, str] | None]:
     """Check a ``list_page``; return its page size and the position to start after (None:
     the first page)."""
     if not isinstance(filter, Filter):
         raise InvalidArgumentError(f"filter must be a Filter, not {type(filter).__name__}")
-    position = None if cursor is None else _decode_cursor(filter, cursor)
+    position = None if cursor is None else decode_cursor(filter, cursor)
     return filter.limit or PAGE_SIZE, position
 
 
@@ -557,7 +587,7 @@ def make_page(filter: Filter, found: Sequence[Session], size: int) -> Page:
     """The page of ``size`` from the ``page_fetch(size)`` sessions read after the position."""
     sessions = list(found[:size])
     more = len(found) > size
-    return Page(sessions, _encode_cursor(filter, sessions[-1]) if more else None)
+    return Page(sessions, encode_cursor(filter, sessions[-1]) if more else None)
 
 
 # -- search -----------------------------------------------------------------------------------

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import importlib
-import json
 import math
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import InvalidArgumentError, InvalidStateError
+from .jsoncodec import digits, json_equal, to_json
 
 __all__ = [
     "APP_PREFIX",
     "DEFAULT_MAX_VALUE_BYTES",
     "MAX_ID_BYTES",
     "MAX_ID_LENGTH",
+    "MAX_INT64",
     "MAX_KEY_BYTES",
     "MAX_KEY_LENGTH",
     "TEMP_PREFIX",
@@ -27,12 +24,9 @@ __all__ = [
     "ScopedDelta",
     "check_text",
     "checked_copy",
-    "copy_json",
     "diff_state",
-    "json_equal",
     "scope_of",
     "split_delta",
-    "to_json",
     "validate_id",
     "validate_key",
     "validate_value",
@@ -64,6 +58,8 @@ alignment, and a key of at most 1,019 bytes (the ``user:`` prefix is not stored)
 Every other index holds fewer or narrower fields. SQLite and memory have no such limit, and
 refuse the same ids and keys, so that what one store holds every store holds.
 """
+MAX_INT64 = 2**63 - 1
+"""The largest stored integer (a 64-bit signed one): counters, versions, seqs and limits."""
 MAX_DEPTH = 64
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
 """Stores refuse a state value or event content larger than this (1 MiB) unless told otherwise."""
@@ -210,7 +206,7 @@ def checked_copy(key: str, value: object, max_bytes: int | None = None) -> Any:
     except _Unstorable as exc:
         raise InvalidStateError(key, str(exc)) from None
     if max_bytes is not None and size[0] > max_bytes:
-        validate_value(key, copied, max_bytes)  # measures it exactly (the copy encodes alike)
+        validate_value(key, value, max_bytes)  # measures it exactly, as validate_value does
     return copied
 
 
@@ -300,7 +296,7 @@ def _scan(value: object, depth: int) -> int:
     if isinstance(value, int):
         bits = value.bit_length()
         # Python refuses to print integers this long as text, so no backend could store them.
-        if bits > 4000 * 3 and len(_digits(value)) > 4000:
+        if bits > 4000 * 3 and len(digits(value)) > 4000:
             raise _Unstorable("the integer has more than 4000 digits")
         return bits // 3 + 2
     if isinstance(value, float):
@@ -321,258 +317,6 @@ def _scan(value: object, depth: int) -> int:
         return total
     kind = type(value).__name__
     raise _Unstorable(f"{kind} is not a JSON value (use dict, list, str, int, float, bool or None)")
-
-
-# The scanner json.loads runs, without its wrapping (an attribute JSONDecoder sets).
-_scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-def from_json(text: str) -> Any:
-    """``json.loads(text)``, a few times faster for the small documents stores read back.
-
-    The text is scanned directly; anything but one JSON value filling the whole string
-    (whitespace around it, an error) is left to ``json.loads``, which reads or refuses it.
-    """
-    if type(text) is str:
-        try:
-            value, end = _scan_json(text, 0)
-        except StopIteration:
-            pass
-        else:
-            if end == len(text):
-                return value
-    return json.loads(text)
-
-
-def _optional(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError:  # pragma: no cover - tests monkeypatch _orjson to None instead
-        return None
-
-
-_orjson: Any = _optional("orjson")
-"""orjson, when installed (the openai-agents extra): ``loads_json``'s decoder, and
-``to_json``'s encoder for plain values."""
-
-_ORJSON_STRICT = (
-    0
-    if _orjson is None
-    else _orjson.OPT_PASSTHROUGH_SUBCLASS
-    | _orjson.OPT_PASSTHROUGH_DATETIME
-    | _orjson.OPT_PASSTHROUGH_DATACLASS
-)
-"""orjson's options that make it refuse, rather than encode, what ``json`` would not."""
-
-
-_DIGITS_AS_ZERO = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
-"""A ``bytes.translate`` table: every ASCII digit becomes ``0``, every other byte a space."""
-_LONG_DIGIT_RUN = b"0" * 19
-"""19 digits in a row: the shortest integer beyond 64 bits (-9223372036854775809) has 19."""
-
-
-_PAUSE_LOCK = threading.Lock()
-_pauses = 0
-_resume = False
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while building many fresh containers that
-    hold no reference cycle (a decoded transcript, a listing's sessions).
-
-    Collections triggered meanwhile would find nothing to free, but each moves what is
-    half built towards the oldest generation, whose full collections (a walk of every
-    object in the process) then come sooner. The collector runs again as soon as the block
-    ends (unless it was off already); blocks in several threads share one pause. The block
-    must not await: other tasks would run with the collector off.
-    """
-    global _pauses, _resume
-    with _PAUSE_LOCK:
-        if not _pauses:
-            _resume = gc.isenabled()
-            gc.disable()
-        _pauses += 1
-    try:
-        yield
-    finally:
-        with _PAUSE_LOCK:
-            _pauses -= 1
-            if not _pauses and _resume:
-                gc.enable()
-
-
-def loads_json(text: str) -> Any:
-    """``json.loads(text)``: the same value (types included) or the same error, decoded by
-    orjson when it is installed and reads ``text`` as ``json.loads`` does.
-
-    orjson differs from ``json.loads`` in two ways, both routed to ``json.loads``:
-
-    - it reads an integer beyond 64 bits as a float: a text with 19 or more ASCII digits in
-      a row anywhere (in a string too: a false alarm only costs speed) is decoded by
-      ``json.loads``, found by one ``bytes.translate`` and one substring search;
-    - it refuses what ``json.loads`` accepts (``NaN``, ``Infinity``, numbers beyond the
-      float range, which ``json.loads`` reads as infinities, lone surrogates): a text that
-      orjson refuses is given to ``json.loads``, which reads it or raises its own error.
-
-    Everything else, floats (both round correctly), duplicate keys (the last value, at the
-    first key's place), escapes and whitespace, is read alike (``tests/unit/test_json_decode.py``
-    compares the two on generated documents).
-    """
-    if _orjson is None or type(text) is not str:
-        return json.loads(text)
-    try:
-        raw = text.encode()
-    except UnicodeEncodeError:  # a lone surrogate: orjson refuses it
-        return json.loads(text)
-    if _LONG_DIGIT_RUN in raw.translate(_DIGITS_AS_ZERO):
-        return json.loads(text)
-    try:
-        return _orjson.loads(raw)
-    except ValueError:  # orjson.JSONDecodeError
-        return json.loads(text)
-
-
-def to_json(value: Any) -> str:
-    """Encode a JSON value as text that every backend reads back with the same types.
-
-    Postgres' jsonb keeps numbers as decimals and prints ``1e16`` as ``10000000000000000``,
-    which would come back as an int; floats with an integral value are therefore written
-    with a decimal point (``10000000000000000.0``), which jsonb keeps as written.
-    """
-    if _orjson is not None and _plain(value):
-        try:
-            text: str = _orjson.dumps(value, option=_ORJSON_STRICT).decode()
-            return text
-        except TypeError:  # orjson.JSONEncodeError: an int beyond 64 bits, a non-str key...
-            pass
-    if _has_integral_float(value):
-        return _encode(value)
-    return _COMPACT.encode(value)
-
-
-def _plain(value: Any) -> bool:
-    """Whether orjson encodes ``value`` as ``to_json``'s standard-library path does: plain
-    ``dict``, ``list``, ``str``, ``int``, ``bool`` and ``None``, and floats that are finite
-    and not integral in exponent form (floats then print in their shortest round-trip form
-    on both paths, which may write them differently, e.g. ``1e-7`` for ``1e-07``: the
-    same number to every reader). Anything else, subclasses and tuples included, takes the
-    standard-library path. What orjson then still refuses (an int beyond 64 bits, a key that
-    is not a str, a lone surrogate, nesting past 255 levels) takes that path too."""
-    stack = [value]
-    pop, extend = stack.pop, stack.extend
-    while stack:
-        item = pop()
-        kind = type(item)
-        if kind is str:
-            continue
-        if kind is dict:
-            extend(item.values())
-        elif kind is list:
-            extend(item)
-        elif kind is float:
-            if not math.isfinite(item) or _is_exponent_integral(item):
-                return False
-        elif kind is not int and kind is not bool and item is not None:
-            return False
-    return True
-
-
-# One encoder, made once: json.dumps with arguments builds a new one on every call.
-_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def _is_exponent_integral(value: float) -> bool:
-    # Also -0.0: Postgres numbers have no negative zero, so every backend stores 0.0.
-    negative_zero = value == 0 and math.copysign(1.0, value) < 0
-    return value.is_integer() and ("e" in repr(value) or negative_zero)
-
-
-def _has_integral_float(value: Any) -> bool:
-    # Iterative, and strings (most of any content) skipped first: this runs on every value
-    # written, so it is a loop over a stack rather than recursive generators.
-    stack = [value]
-    pop, extend = stack.pop, stack.extend
-    while stack:
-        item = pop()
-        if type(item) is str:
-            continue
-        if isinstance(item, float):
-            if _is_exponent_integral(item):
-                return True
-        elif isinstance(item, dict):
-            extend(item.values())
-        elif isinstance(item, list):
-            extend(item)
-    return False
-
-
-def _encode(value: Any) -> str:
-    if isinstance(value, float) and _is_exponent_integral(value):
-        return f"{int(value)}.0"  # int(-0.0) == 0
-    if isinstance(value, dict):
-        items = (_key(k) + ":" + _encode(v) for k, v in value.items())
-        return "{" + ",".join(items) + "}"
-    if isinstance(value, list):
-        return "[" + ",".join(_encode(v) for v in value) + "]"
-    return json.dumps(value, ensure_ascii=False, allow_nan=False)
-
-
-def _key(key: Any) -> str:
-    """An object key as the json module writes it (an int, float, bool or None key becomes
-    its JSON text in quotes, anything else but a str is a TypeError)."""
-    if isinstance(key, str):
-        return json.dumps(key, ensure_ascii=False)
-    return _COMPACT.encode({key: 0})[1:-3]
-
-
-def _digits(value: int) -> str:
-    try:
-        return str(abs(value))
-    except ValueError:  # over sys.get_int_max_str_digits()
-        return "9" * 5000
-
-
-_SHARED_AS_IS = frozenset({str, int, bool, type(None)})
-"""Immutable values ``copy_json`` returns as they are without a call of its own."""
-
-
-def copy_json(value: Any) -> Any:
-    """Deep-copy a JSON value (much faster than ``copy.deepcopy`` for plain data).
-
-    The copy holds plain types only, as every SQL backend gives them back: a subclass of
-    ``str``, ``int`` or ``float`` (a ``str`` or ``int`` enum, say) becomes its value.
-    """
-    if isinstance(value, dict):
-        return {
-            k if type(k) is str else _plain_key(k): v if type(v) in _SHARED_AS_IS else copy_json(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [v if type(v) in _SHARED_AS_IS else copy_json(v) for v in value]
-    if isinstance(value, float):
-        return 0.0 if value == 0 else float.__float__(value)  # -0.0 as SQL backends store it
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return int.__index__(value)
-    return value
-
-
-def _plain_key(key: Any) -> Any:
-    """A key of a plain type: a ``str`` subclass's value (anything else is left to refuse)."""
-    return str.__str__(key) if isinstance(key, str) else key
-
-
-def json_equal(a: Any, b: Any) -> bool:
-    """Compare JSON values strictly: ``1``, ``1.0`` and ``True`` are three different values."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(json_equal(v, b[k]) for k, v in a.items())
-    if isinstance(a, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
 
 
 @dataclass

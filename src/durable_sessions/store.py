@@ -7,11 +7,10 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import InvalidArgumentError
-from .model import Event, Filter, Page, SearchHit, Session
+from .model import Event, Filter, Memory, Page, SearchHit, Session
+from .state import MAX_INT64
 
 __all__ = ["Store", "check_after_seq"]
-
-_MAX_SEQ = 2**63 - 1
 
 
 def check_after_seq(after_seq: int) -> int:
@@ -22,9 +21,9 @@ def check_after_seq(after_seq: int) -> int:
     if (
         isinstance(after_seq, bool)
         or not isinstance(after_seq, int)
-        or not 0 <= after_seq <= _MAX_SEQ
+        or not 0 <= after_seq <= MAX_INT64
     ):
-        raise InvalidArgumentError(f"after_seq must be an integer from 0 to {_MAX_SEQ}")
+        raise InvalidArgumentError(f"after_seq must be an integer from 0 to {MAX_INT64}")
     return after_seq
 
 
@@ -42,6 +41,8 @@ class Store(Protocol):
 
         Raises:
             SessionExistsError: the id is taken in that organisation.
+            InvalidArgumentError: an id is malformed, or the title is longer than
+                ``prepare.MAX_TITLE_BYTES`` (1,024) UTF-8 bytes.
             InvalidStateError: the state holds a key or value that cannot be stored.
         """
         ...
@@ -109,6 +110,8 @@ class Store(Protocol):
                 deleted and created again, or a shared key it deletes changed since; nothing
                 is written.
             SessionNotFoundError: the session no longer exists.
+            InvalidArgumentError: the title is longer than ``prepare.MAX_TITLE_BYTES`` UTF-8
+                bytes; nothing is written.
             InvalidStateError: a changed key or value cannot be stored; nothing is written.
         """
         ...
@@ -189,7 +192,11 @@ class Store(Protocol):
         ``expected_version``, the append happens only if the stored version is still that
         one (checked in the same transaction), so a writer holding a stale copy is told.
         With ``incarnation`` (a held copy's ``Session.incarnation``), it happens only if the
-        id still names that session, not one created again under the same id.
+        id still names that session, not one created again under the same id. Without
+        either, the append is for whatever session has the id when it runs: it lands on
+        that session, or raises ``SessionNotFoundError``, never ``StaleSessionError`` (even
+        racing a delete and re-create of the id); the same holds for ``touch``,
+        ``append_events``, ``truncate_events`` and ``pop_event``.
 
         Returns:
             The stored copy of the event, with ``seq`` set and ``temp:`` keys removed.
@@ -198,6 +205,8 @@ class Store(Protocol):
             SessionNotFoundError: no such session in that organisation.
             StaleSessionError: ``expected_version`` was given and the session moved on, or
                 ``incarnation`` was given and the id names a later session; nothing is written.
+            InvalidArgumentError: the event's timestamp is naive or outside
+                ``prepare.EARLIEST`` to ``prepare.LATEST`` (0001-01-02 to 9999-12-30 UTC).
             InvalidStateError: the content or delta cannot be stored; nothing is written.
         """
         ...
@@ -286,12 +295,14 @@ class Store(Protocol):
         """
         ...
 
-    async def delete_user(self, org_id: str, user_id: str) -> int:
-        """Erase a user's sessions, events and ``user:`` state; return the sessions deleted.
+    async def delete_user(self, org_id: str, user_id: str, *, dry_run: bool = False) -> int:
+        """Erase a user's sessions, events, ``user:`` state and long-term memories (in every
+        app); return the sessions deleted.
 
         Everything of the user that exists when it starts is erased: sessions concurrent
         writers hold are waited for, never skipped, and sessions created meanwhile go too,
-        until a pass finds none (only one created after that last pass remains).
+        until a pass finds none (only one created after that last pass remains). With
+        ``dry_run``, nothing is deleted: the count is of the sessions it would delete now.
 
         Raises:
             DeletionIncompleteError: writers held, or kept creating, sessions of the user past
@@ -368,6 +379,30 @@ class Store(Protocol):
         """
         ...
 
+    async def discard_events(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        after_seq: int,
+        expected_version: int | None = None,
+        incarnation: str | None = None,
+    ) -> int:
+        """Remove the events with ``seq > after_seq`` as ``truncate_events`` does; return
+        how many were removed, never the events themselves.
+
+        Everything ``truncate_events`` promises holds (seqs, counters, version, guards);
+        only the answer differs, so that its memory does not grow with what it removes
+        (``after_seq=0`` clears a transcript of any length).
+
+        Raises:
+            SessionNotFoundError: no such session in that organisation.
+            StaleSessionError: ``expected_version`` or ``incarnation`` does not match;
+                nothing is removed.
+            InvalidArgumentError: ``after_seq`` is not an integer from 0 to 2**63 - 1.
+        """
+        ...
+
     async def pop_event(
         self,
         org_id: str,
@@ -429,5 +464,58 @@ class Store(Protocol):
             InvalidArgumentError: ``text`` has no word, is longer than 500 characters or
                 has a word longer than 255; ``limit`` is not from 1 to 2**63 - 1; an id is
                 malformed.
+        """
+        ...
+
+    async def add_memories(
+        self, org_id: str, app_name: str, user_id: str, memories: builtins.list[Memory]
+    ) -> builtins.list[Memory]:
+        """Add long-term memories of a user (in one app), all or nothing.
+
+        Each memory gets a new id when it has none, and the current time when it has no
+        timestamp. A memory whose id the user already has in that app is not added again
+        (adding the same event twice adds it once). Memories belong to the user, not to a
+        session: deleting the session they came from keeps them; ``delete_memories`` and
+        ``delete_user`` erase them.
+
+        Returns:
+            Copies of the memories added (those whose id was new), in the order given, with
+            their ids and timestamps.
+
+        Raises:
+            InvalidArgumentError: an id is malformed, or a memory cannot be stored (see
+                ``memories.prepare_memories``); nothing is written.
+            InvalidStateError: a content or metadata is not JSON that can be stored.
+        """
+        ...
+
+    async def search_memories(
+        self, org_id: str, app_name: str, user_id: str, text: str, *, limit: int = 20
+    ) -> builtins.list[Memory]:
+        """Return the user's memories (in that app) sharing at least one word with ``text``.
+
+        Words are ``Store.search``'s (whole, case-insensitive), and a run of Chinese or
+        Japanese is found by any two neighbouring characters. Best first: the sum of the
+        weights of the shared words, a word rare among the user's memories outweighing
+        several common ones; equal scores newest first (see ``durable_sessions.memories``
+        for the rule). ``text`` is data of any length (words past the 64th are ignored),
+        never syntax; with no word, nothing is found.
+
+        Raises:
+            InvalidArgumentError: an id is malformed, ``text`` is not a string, or ``limit``
+                is not from 1 to 2**63 - 1.
+        """
+        ...
+
+    async def delete_memories(
+        self, org_id: str, app_name: str, user_id: str, *, memory_id: str | None = None
+    ) -> int:
+        """Delete one memory of the user (``memory_id``), or all of them in that app.
+
+        Returns:
+            How many memories were deleted (0 when there was none).
+
+        Raises:
+            InvalidArgumentError: an id is malformed.
         """
         ...

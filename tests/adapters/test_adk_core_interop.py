@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +38,15 @@ from durable_sessions import (
 )
 from durable_sessions.adk import DurableSessionService, durable_session_id
 from durable_sessions.cli import main
+from durable_sessions.testing.contract._common import past
 from support.adk import view
-from support.sql import SQL_BACKENDS
+from support.sql import STORE_SQL_BACKENDS
 
 ORG = "acme"
 BASE = 1_750_000_000.0
 MEMORY = pytest.param("memory", marks=pytest.mark.memory)
 
-every_store = pytest.mark.parametrize("backend", [MEMORY, *SQL_BACKENDS])
+every_store = pytest.mark.parametrize("backend", [MEMORY, *STORE_SQL_BACKENDS])
 
 
 @pytest.fixture
@@ -229,16 +230,21 @@ async def test_purge_removes_old_adk_sessions(service: DurableSessionService, st
     for app_name, user_id, session_id in old:
         await converse(service, app_name, user_id, session_id, 1)
     await converse(service, "trips", "alice", "main", 1)
-    await asyncio.sleep(1.5)
+    ids = [durable_session_id(*key) for key in [*old, ("trips", "alice", "main")]]
+    last_old = max([(await store.get(ORG, session_id)).updated_at for session_id in ids])
+    await past(last_old, by=timedelta(seconds=0.25))
     recent = await service.get_session(app_name="trips", user_id="alice", session_id="main")
     assert recent is not None
     await service.append_event(recent, event(50, content=text("user", "still here")))
+    midway = last_old + ((await store.get(ORG, ids[-1])).updated_at - last_old) / 2
     manager = Manager(store)
-    # Wide margins: a loaded machine may take most of a second between the append and purge.
-    cutoff = timedelta(seconds=1)
 
-    assert await manager.purge(ORG, older_than=cutoff, dry_run=True) == 3
-    assert await manager.purge(ORG, older_than=cutoff) == 3
+    def cutoff() -> timedelta:
+        # Taken now, the cutoff falls midway between the old writes and the append.
+        return datetime.now(timezone.utc) - midway
+
+    assert await manager.purge(ORG, older_than=cutoff(), dry_run=True) == 3
+    assert await manager.purge(ORG, older_than=cutoff()) == 3
 
     for app_name, user_id, session_id in old:
         assert (
@@ -297,7 +303,7 @@ async def test_delete_user_removes_their_adk_sessions_and_user_state(
 # -- export and import ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 async def test_exported_adk_sessions_import_into_a_fresh_database_and_read_back_equal(
     backend: str,
     service: DurableSessionService,

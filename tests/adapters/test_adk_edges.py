@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 
 pytest.importorskip("google.adk", reason="the adk extra (google-adk) is not installed")
 
@@ -24,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from durable_sessions import Event as DurableEvent
 from durable_sessions import Filter, InvalidArgumentError, SQLStore, Store
-from durable_sessions import adk_import as importing
+from durable_sessions.adapters.adk import importer as importing
 from durable_sessions.adk import (
     AdkImportError,
     DurableSessionService,
@@ -32,7 +33,15 @@ from durable_sessions.adk import (
     import_adk,
 )
 from support.adk import view
-from support.sql import SQL_BACKENDS, snapshot
+from support.sql import STORE_SQL_BACKENDS, snapshot
+
+# SQLAlchemy 2.0 strands a new connection whose connect events are cancelled
+# (sqlalchemy/sqlalchemy#13548); its unclosed driver connection is reported when collected.
+NEEDS_SQLALCHEMY_2_1 = pytest.mark.skipif(
+    tuple(int(p) for p in sqlalchemy.__version__.split(".")[:2]) < (2, 1),
+    reason="SQLAlchemy 2.0 strands a connection whose connect is cancelled (sqlalchemy#13548)",
+)
+
 
 ORG = "acme"
 
@@ -55,6 +64,7 @@ async def cancel_after(call: Coroutine[Any, Any, Any], steps: int) -> None:
         await task
 
 
+@NEEDS_SQLALCHEMY_2_1
 async def test_a_cancelled_append_is_all_or_nothing(store: Store) -> None:
     service = DurableSessionService(store, org_id=ORG)
     for steps in range(40):
@@ -122,7 +132,7 @@ ODD_SOURCES = {
 }
 
 
-@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 @pytest.mark.parametrize("odd", list(ODD_SOURCES))
 async def test_an_unreadable_value_in_the_adk_database_is_one_import_error(
     tmp_path: Path, store: Store, engine: AsyncEngine, odd: str
@@ -138,7 +148,8 @@ async def test_an_unreadable_value_in_the_adk_database_is_one_import_error(
     assert await snapshot(engine) == before
 
 
-@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@NEEDS_SQLALCHEMY_2_1
+@pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 async def test_a_cancelled_import_leaves_nothing_and_runs_again(
     tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -194,7 +205,7 @@ async def test_an_event_field_the_store_refuses_is_not_a_missing_session(
 # without adk_internal_metadata, with REAL (epoch) times. ADK's DatabaseSessionService reads
 # such a file as its current schema (no metadata and events with event_data: the latest
 # version; PreciseTimestamp reads a number as epoch seconds): so must import_adk.
-@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 async def test_a_file_of_adks_sqlite_session_service_imports_as_adk_reads_it(
     tmp_path: Path, store: Store
 ) -> None:
@@ -213,16 +224,23 @@ async def test_a_file_of_adks_sqlite_session_service_imports_as_adk_reads_it(
     assert isinstance(store, SQLStore)
     counts = await import_adk(f"sqlite:///{path}", store, org_id=ORG)
     assert (counts.sessions, counts.events, counts.user_state, counts.app_state) == (1, 3, 1, 1)
-    adk = DatabaseSessionService(db_url=f"sqlite+aiosqlite:///{path}")
-    try:
-        expected = await adk.get_session(app_name="a", user_id="u", session_id="s")
-    finally:
-        await adk.close()
+    # What ADK reads back from the file: its own SqliteSessionService, and (on the
+    # SQLAlchemy versions whose SQLite DATETIME reads a number) its DatabaseSessionService.
+    expected = await written.get_session(app_name="a", user_id="u", session_id="s")
     ours = DurableSessionService(store, org_id=ORG)
     got = await ours.get_session(app_name="a", user_id="u", session_id="s")
     assert expected is not None
     assert got is not None
     assert view(got) == view(expected)
+    adk = DatabaseSessionService(db_url=f"sqlite+aiosqlite:///{path}")
+    try:
+        read = await adk.get_session(app_name="a", user_id="u", session_id="s")
+    except TypeError:  # SQLAlchemy before 2.0.3x: fromisoformat given a number
+        read = None
+    finally:
+        await adk.close()
+    if read is not None:
+        assert view(got) == view(read)
 
 
 # A core-API event whose content is a dict that merely has "id" and "actions" keys is not an

@@ -1,6 +1,7 @@
 """import_adk and `durable-sessions import-adk`: databases written by google-adk's own
-DatabaseSessionService (SQLite and Postgres) copied into SQLite and Postgres, then every ADK
-call answered alike by ADK's service on the source and DurableSessionService on the copy."""
+DatabaseSessionService (SQLite, Postgres, and MySQL through both of SQLAlchemy's dialects)
+copied into SQLite, Postgres and MySQL, then every ADK call answered alike by ADK's service
+on the source and DurableSessionService on the copy."""
 
 from __future__ import annotations
 
@@ -16,19 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import make_url
 
 pytest.importorskip("google.adk", reason="the adk extra (google-adk) is not installed")
 
 from google.adk.events.event import Event
 from google.adk.events.event_actions import EventActions
 from google.adk.sessions import DatabaseSessionService
+from google.adk.sessions import Session as AdkSession
 from google.adk.sessions.base_session_service import BaseSessionService, GetSessionConfig
 from google.genai import types
 from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from durable_sessions import Filter, SQLStore, Store
-from durable_sessions import adk_import as importing
+from durable_sessions.adapters.adk import importer as importing
 from durable_sessions.adk import (
     AdkImportError,
     DurableSessionService,
@@ -37,19 +40,31 @@ from durable_sessions.adk import (
 )
 from support.adk import view
 from support.memory import run_measured
-from support.sql import SQL_BACKENDS, snapshot
+from support.sql import STORE_SQL_BACKENDS, snapshot
 
 ORG = "acme"
 BASE = 1_750_000_000.0
 
-pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
+pytestmark = pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 
 
-@pytest.fixture(params=["adk-sqlite", "adk-postgres"])
+@pytest.fixture(
+    params=[
+        "adk-sqlite",
+        pytest.param("adk-postgres", marks=pytest.mark.postgres),
+        pytest.param("adk-mysql", marks=pytest.mark.mysql),
+        pytest.param("adk-mariadb", marks=pytest.mark.mysql),
+    ]
+)
 def adk_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A new, empty database for ADK's DatabaseSessionService to write."""
+    """A new, empty database for ADK's DatabaseSessionService to write (on MySQL through
+    either of SQLAlchemy's dialects: ``mysql+asyncmy`` and ``mariadb+asyncmy``)."""
     if request.param == "adk-sqlite":
         return f"sqlite+aiosqlite:///{tmp_path / 'adk.db'}"
+    if request.param in ("adk-mysql", "adk-mariadb"):
+        made: Callable[[], str] = request.getfixturevalue("fresh_mysql_url")
+        scheme = request.param.removeprefix("adk-") + "+asyncmy"
+        return make_url(made()).set(drivername=scheme).render_as_string(hide_password=False)
     make: Callable[[], str] = request.getfixturevalue("fresh_pg_url")
     return make()
 
@@ -60,6 +75,17 @@ def text(role: str, words: str) -> types.Content:
 
 def event(n: int, author: str = "user", **kwargs: Any) -> Event:
     return Event(invocation_id=f"inv-{n}", author=author, timestamp=BASE + n, **kwargs)
+
+
+async def append(service: BaseSessionService, session: AdkSession, item: Event) -> None:
+    """Append to ``session`` as read back from storage: through a ``mariadb://`` URL ADK
+    keeps update times to the second, and an append to a session it has appended to since
+    it was read fails as stale."""
+    fresh = await service.get_session(
+        app_name=session.app_name, user_id=session.user_id, session_id=session.id
+    )
+    assert fresh is not None
+    await service.append_event(fresh, item)
 
 
 async def write_with_adk(service: BaseSessionService) -> list[tuple[str, str, str]]:
@@ -105,14 +131,14 @@ async def write_with_adk(service: BaseSessionService) -> list[tuple[str, str, st
         ),
         event(5, partial=True, content=text("model", "never stored")),
     ]:
-        await service.append_event(main, item)
+        await append(service, main, item)
     kept.append(("trips", "alice", "main"))
 
     bob = await service.create_session(
         app_name="trips", user_id="bob", session_id="main", state={"n": 1, "user:lang": "de"}
     )
     for n in range(6, 36):  # more events than a page, for the paging below
-        await service.append_event(bob, event(n, content=text("user", f"message {n}")))
+        await append(service, bob, event(n, content=text("user", f"message {n}")))
     kept.append(("trips", "bob", "main"))
 
     empty = await service.create_session(app_name="trips", user_id="alice")
@@ -123,7 +149,7 @@ async def write_with_adk(service: BaseSessionService) -> list[tuple[str, str, st
         )
         kept.append(("other", f"user-{i}", made.id))
     gone = await service.create_session(app_name="trips", user_id="alice", session_id="gone")
-    await service.append_event(gone, event(40))
+    await append(service, gone, event(40))
     await service.delete_session(app_name="trips", user_id="alice", session_id="gone")
     return kept
 
@@ -215,7 +241,7 @@ async def test_a_second_import_is_refused_and_writes_nothing(
     assert isinstance(store, SQLStore)
     await import_adk(adk_url, store, org_id=ORG)
     before = await snapshot(engine)
-    with pytest.raises(AdkImportError, match="already exists in organisation 'acme'"):
+    with pytest.raises(AdkImportError, match="of organisation 'acme' already exists"):
         await import_adk(adk_url, store, org_id=ORG)
     assert await snapshot(engine) == before
     # Another organisation is another namespace: the same data goes in again.
@@ -291,8 +317,8 @@ async def test_a_missing_or_unreadable_source_is_one_clear_error(
     with pytest.raises(AdkImportError, match="cannot read the ADK database at") as caught:
         await import_adk("postgresql://ada:s3cret@127.0.0.1:1/nope", store, org_id=ORG)
     assert "s3cret" not in str(caught.value)
-    with pytest.raises(AdkImportError, match="SQLite and Postgres"):
-        await import_adk("mysql://u@h/db", store, org_id=ORG)
+    with pytest.raises(AdkImportError, match="SQLite, Postgres and MySQL"):
+        await import_adk("mssql://u@h/db", store, org_id=ORG)
 
 
 def cli(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -336,13 +362,14 @@ async def test_the_command_imports_once_and_explains_failures_in_one_line(
     for source, expected in (
         ("sqlite:///no/such/adk.db", "there is no ADK database file"),
         ("postgresql://ada:s3cret@127.0.0.1:1/nope", "cannot read the ADK database"),
+        ("mysql://ada:s3cret@127.0.0.1:1/nope", "cannot read the ADK database"),
     ):
         failed = cli(*target, "import-adk", "--from", source, "--org", ORG)
         assert failed.returncode == 1
         assert expected in failed.stderr
         assert failed.stderr.count("\n") == 1
         assert "s3cret" not in failed.stderr
-    assert backend in ("sqlite", "postgres")
+    assert backend in ("sqlite", "postgres", "mysql")
 
 
 # -- the source is only read; memory stays flat ---------------------------------------------

@@ -7,6 +7,10 @@ refused by the store's id check. On memory, SQLite and Postgres.
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("agents", reason="the openai-agents extra is not installed")
+
 from durable_sessions import Store
 from durable_sessions.openai_agents import DurableSession
 

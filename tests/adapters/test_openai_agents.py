@@ -10,6 +10,9 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pytest
+
+pytest.importorskip("agents", reason="the openai-agents extra is not installed")
+
 from agents import Agent, RunConfig, Runner, function_tool
 from agents.items import ModelResponse, TResponseInputItem
 from agents.memory import Session as SdkSession
@@ -34,11 +37,13 @@ from durable_sessions import (
     Manager,
     MissingScopeError,
     Session,
+    SessionExistsError,
+    SessionNotFoundError,
     SQLStore,
     Store,
 )
 from durable_sessions.openai_agents import DurableSession
-from support.sql import SQL_BACKENDS
+from support.sql import STORE_SQL_BACKENDS
 
 APP = "openai-agents"
 
@@ -445,6 +450,58 @@ async def test_tenants_are_isolated(store: Store) -> None:
     assert await b.get_items() == []
 
 
+async def test_another_user_or_app_naming_the_same_id_never_reaches_it(store: Store) -> None:
+    """Session ids are unique per organisation: mallory (or another app of alice's) naming
+    alice's id reads nothing, adds nothing, pops, rewinds, clears and forks nothing."""
+    alice = DurableSession("conv", store, org_id="acme", user_id="alice")
+    await alice.add_items([user("my secret"), reply("kept")])
+    await alice.store_run_usage(Usage(total_tokens=7))
+    others = [
+        DurableSession("conv", store, org_id="acme", user_id="mallory"),
+        DurableSession("conv", store, org_id="acme", user_id="alice", app_name="other-app"),
+    ]
+    for other in others:
+        assert await other.get_items() == []
+        assert await other.get_items(limit=1) == []
+        assert await other.info() is None
+        with pytest.raises(SessionExistsError, match="another app or user"):
+            await other.add_items([user("let me in")])
+        assert await other.pop_item() is None
+        assert await other.rewind(0) == []
+        await other.clear_session()
+        await other.store_run_usage(Usage(total_tokens=1000))
+        with pytest.raises(SessionNotFoundError):
+            await other.fork()
+    assert await alice.get_items() == [user("my secret"), reply("kept")]
+    stored = await store.get("acme", "conv")
+    assert (stored.user_id, stored.message_count, stored.token_total) == ("alice", 2, 7)
+    assert [s.id for s in await store.list(Filter("acme"))] == ["conv"]  # no fork was made
+
+
+async def test_a_checked_session_deleted_and_taken_by_another_user_is_not_written(
+    store: Store,
+) -> None:
+    """alice's object checked the id once; mallory deletes it and creates their own under
+    it: alice's writes go into nothing of mallory's (each carries the life it checked)."""
+    alice = DurableSession("conv", store, org_id="acme", user_id="alice")
+    mallory = DurableSession("conv", store, org_id="acme", user_id="mallory")
+    await alice.add_items([user("alice 1")])
+    await store.delete("acme", "conv")
+    await mallory.add_items([user("mallory 1"), user("mallory 2")])
+    with pytest.raises(SessionExistsError):
+        await alice.add_items([user("alice 2")])
+    assert await alice.pop_item() is None
+    await alice.clear_session()
+    assert await alice.rewind(0) == []
+    assert await alice.get_items() == []
+    assert await mallory.get_items() == [user("mallory 1"), user("mallory 2")]
+    # And back: alice's again, once mallory's is gone.
+    await store.delete("acme", "conv")
+    await alice.add_items([user("alice 3")])
+    assert await alice.get_items() == [user("alice 3")]
+    assert (await store.get("acme", "conv")).user_id == "alice"
+
+
 async def test_without_org_id_each_call_uses_the_bound_organisation(store: Store) -> None:
     session = DurableSession("conv", store, org_id=None)
     with pytest.raises(MissingScopeError):
@@ -525,7 +582,7 @@ def _add_batches(url: str, worker: int, rounds: int, size: int) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 async def test_batches_from_processes_never_interleave(
     backend: str, backend_url: str, engine: Any
 ) -> None:
@@ -601,7 +658,7 @@ async def run_turn(url: str, model: ScriptedModel, text: str) -> str:
         await engine.dispose()
 
 
-@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 async def test_a_runner_keeps_its_history_across_restarts(
     backend: str, backend_url: str, engine: Any
 ) -> None:
@@ -627,7 +684,7 @@ async def test_a_runner_keeps_its_history_across_restarts(
     assert seen[-1] == {"content": "What did I ask?", "role": "user"}
 
     store = SQLStore(engine)
-    history = await DurableSession("support-42", store, org_id="acme").get_items()
+    history = await DurableSession("support-42", store, org_id="acme", user_id="alice").get_items()
     assert len(history) == 6
     info = await store.get("acme", "support-42")
     assert (info.title, info.message_count, info.user_id) == ("Where is order 1234?", 6, "alice")

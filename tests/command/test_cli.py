@@ -19,10 +19,10 @@ import pytest
 from sqlalchemy import make_url, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from durable_sessions import Event, Filter, Manager, SessionNotFoundError, SQLStore
+from durable_sessions import Event, Filter, Manager, Memory, SessionNotFoundError, SQLStore
 from durable_sessions.cli import main
-from durable_sessions.migrate import head
 from durable_sessions.sql import transfer
+from durable_sessions.sql.migrate import head
 from durable_sessions.sql.schema import sessions
 from durable_sessions.sql.transfer import dumps
 from support.memory import run_measured
@@ -31,7 +31,7 @@ from support.sql import raw_pg
 PROG = "durable-sessions"
 COMMANDS = [
     "demo", "migrate", "current", "check", "downgrade", "list", "show", "search", "fork",
-    "delete", "purge", "delete-user", "export", "import",
+    "delete", "purge", "delete-user", "export", "import", "serve",
 ]  # fmt: skip
 
 
@@ -200,7 +200,7 @@ def test_migrate_current_check_downgrade(db_url: str, capsys: pytest.CaptureFixt
 
     assert cli(capsys, "--url", db_url, "migrate")[:2] == (0, f"Migrated from base to {HEAD}.\n")
     again = cli(capsys, "migrate", "--url", db_url)[:2]
-    assert again == (0, f"Already at {HEAD}; nothing to do.\n")
+    assert again == (0, f"Already at head ({HEAD}); nothing to do.\n")
     assert cli(capsys, "--url", db_url, "check")[:2] == (0, f"The schema is at head ({HEAD}).\n")
     assert cli(capsys, "--url", db_url, "current")[:2] == (0, f"{HEAD} (head)\n")
 
@@ -533,6 +533,40 @@ def test_delete_user(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert "user:lang" not in again.state
 
 
+def test_delete_user_counts_and_erases_memories(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    migrate(db_url)
+
+    async def seed(manager: Manager) -> None:
+        await manager.create("acme", "ada")
+        for app in ("support", "sales"):
+            await manager.store.add_memories("acme", app, "ada", [Memory(f"ada uses {app}")])
+        await manager.store.add_memories("acme", "support", "bob", [Memory("bob uses support")])
+
+    with_manager(db_url, seed)
+    code, out, _ = cli(capsys, "--url", db_url, "delete-user", "ada", "--org", "acme", "--dry-run")
+    assert (code, out) == (
+        0,
+        "Would delete 1 sessions (with their transcripts), 2 memories and 0 user: state rows "
+        "of user 'ada' in 'acme'.\n",
+    )
+    code, out, err = cli(capsys, "--url", db_url, "delete-user", "ada", "--org", "acme", "-y")
+    assert (code, err) == (0, "")
+    assert out == "Deleted 1 sessions, 2 memories and the user: state of user 'ada' in 'acme'.\n"
+
+    async def uses(manager: Manager) -> list[str]:
+        found = []
+        for app in ("support", "sales"):
+            for user in ("ada", "bob"):
+                found += [
+                    m.text for m in await manager.store.search_memories("acme", app, user, "uses")
+                ]
+        return found
+
+    assert with_manager(db_url, uses) == ["bob uses support"]
+
+
 # -- export and import ---------------------------------------------------------------------
 
 
@@ -791,7 +825,7 @@ def test_import_refuses_a_file_without_header_and_ids_already_stored(
     ("argv", "message"),
     [
         (["--url", "::not a url s3cret", "list"], "the database URL is not valid"),
-        (["--url", "mysql://ada:s3cret@db/x", "list"], "unsupported database URL scheme 'mysql'"),
+        (["--url", "mssql://ada:s3cret@db/x", "list"], "unsupported database URL scheme 'mssql'"),
         (["--url", "postgresql://ada:s3cret@127.0.0.1:1/x", "list"], "cannot use the database at "
          "postgresql+asyncpg://ada:***@127.0.0.1:1/x (ConnectionRefusedError"),
         (["--url", "postgresql://ada:s3cret@127.0.0.1:1/x", "migrate"], "ConnectionRefusedError"),
@@ -924,8 +958,8 @@ def test_a_missing_rich_names_the_extra(
     migrate(url)
     for name in [n for n in sys.modules if n == "rich" or n.startswith("rich.")]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.delitem(sys.modules, "durable_sessions.demo", raising=False)
-    monkeypatch.delitem(sys.modules, "durable_sessions.render", raising=False)
+    monkeypatch.delitem(sys.modules, "durable_sessions.cli.demo", raising=False)
+    monkeypatch.delitem(sys.modules, "durable_sessions.cli.render", raising=False)
     monkeypatch.setitem(sys.modules, "rich", None)  # makes `import rich` fail
     code, _, err = cli(capsys, "--url", url, "list")
     assert code == 1
@@ -1065,7 +1099,7 @@ def test_a_failed_restore_into_a_new_sqlite_file_leaves_no_file(
 def test_import_into_an_outdated_database_hints_with_the_url(
     db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from durable_sessions import migrate as migrations
+    from durable_sessions.sql import migrate as migrations
 
     first = "0001"
     if migrations.head() == first:

@@ -27,7 +27,9 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-TABLES = "ds_events, ds_sessions, ds_user_state, ds_app_state"
+TABLES = (
+    "ds_events, ds_sessions, ds_user_state, ds_app_state, ds_memories, ds_memory_terms, ds_keys"
+)
 
 
 async def reset_tables(engine: AsyncEngine) -> None:

@@ -17,7 +17,19 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["PrivateCluster", "find_pg_bindir"]
+__all__ = ["ClusterUnavailable", "PrivateCluster", "find_pg_bindir", "find_runuser"]
+
+SYSTEM_BIN = os.pathsep.join(("/usr/sbin", "/sbin", "/usr/bin", "/bin"))
+"""Where Debian keeps ``runuser``: not on a normal user's PATH."""
+
+
+class ClusterUnavailable(Exception):
+    """This machine cannot run a private cluster; the message says why."""
+
+
+def find_runuser() -> str | None:
+    """Return the path of ``runuser``, on PATH or in the system's sbin directories."""
+    return shutil.which("runuser") or shutil.which("runuser", path=SYSTEM_BIN)
 
 
 def find_pg_bindir() -> str | None:
@@ -54,9 +66,20 @@ class PrivateCluster:
         self.port = _free_port()
         self._as_postgres: list[str] = []
         if os.geteuid() == 0:
-            owner = pwd.getpwnam("postgres")
+            runuser = find_runuser()
+            try:
+                owner = pwd.getpwnam("postgres")
+            except KeyError:
+                owner = None
+            if runuser is None or owner is None:
+                shutil.rmtree(self.root, ignore_errors=True)
+                missing = "runuser" if runuser is None else "a 'postgres' user"
+                raise ClusterUnavailable(
+                    "as root, the Postgres server must run as 'postgres', "
+                    f"and there is no {missing}"
+                )
             os.chown(self.root, owner.pw_uid, owner.pw_gid)
-            self._as_postgres = ["runuser", "-u", "postgres", "--"]
+            self._as_postgres = [runuser, "-u", "postgres", "--"]
         self.running = False
 
     @property

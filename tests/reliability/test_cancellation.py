@@ -4,32 +4,34 @@ A write cancelled anywhere (while the pool hands out a connection, during BEGIN,
 statement, COMMIT, ROLLBACK or the check-in, or in aiosqlite's worker-thread hop) raises
 ``CancelledError`` to its caller; afterwards an independent connection sees the whole write
 or none of it, no connection is left inside a transaction (Postgres: no backend ``idle in
-transaction``; SQLite: the write lock is free), and the pooled connection commits the next
-write.
+transaction``; MySQL: no InnoDB transaction of the database's connections; SQLite: the
+write lock is free), and the pooled connection commits the next write.
 
 The cancellation points are not found by timing: each operation runs under a wrapper that
 counts its task's suspensions (every ``await`` that yields to the event loop) and cancels
 the task at the Nth, for N = 1, 2, 3, ... until the operation completes; a second sweep
 makes the Nth call to the driver itself raise ``CancelledError``. A storm of tasks with
-random timeouts on a small pool then checks the same on both dialects under contention.
+random timeouts on a small pool then checks the same on every dialect under contention.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import io
 import logging
 import random
 import sqlite3
 import types
-from collections.abc import Awaitable, Callable, Collection, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import aiosqlite
+import asyncmy.connection  # type: ignore[import-untyped]
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 import sqlalchemy
@@ -47,9 +49,9 @@ from durable_sessions import (
 from durable_sessions.sql.schema import metadata, sessions
 from reliability.figures import Figures
 from reliability.helpers import reset_tables
-from support.sql import SQL_BACKENDS, raw_pg, run_through_dbapi
+from support.sql import MYSQL, SQL_BACKENDS, raw_mysql, raw_pg, run_through_dbapi
 
-pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
+pytestmark = pytest.mark.parametrize("backend", [*SQL_BACKENDS, MYSQL])
 
 ORG = "org"
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -109,6 +111,9 @@ class DriverFault:
         if backend == "postgres":
             cls: Any = asyncpg.connection.Connection
             names = ("execute", "fetch", "executemany")
+        elif backend == "mysql":  # every statement, BEGIN, COMMIT and ROLLBACK
+            cls = asyncmy.connection.Connection
+            names = ("query", "begin", "commit", "rollback")
         else:
             cls = aiosqlite.Connection
             names = ("_execute",)
@@ -211,6 +216,16 @@ class Checker:
             )
             assert not stuck, f"backends left inside a transaction: {stuck}"
             return
+        if self.backend == "mysql":
+            # A connection the runner terminated is closed by the client at once; the server
+            # ends its transaction once it reads the closed socket, a moment later. A
+            # connection still idle inside a transaction after that is one left open.
+            for _ in range(500):
+                stuck = await self._mysql_idle_in_transaction()
+                if not stuck:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError(f"connections left inside a transaction: {stuck}")
         # An open write transaction would hold SQLite's write lock: take it, without waiting.
         db = sqlite3.connect(str(make_url(self.url).database), timeout=0)
         try:
@@ -218,6 +233,18 @@ class Checker:
             db.rollback()
         finally:
             db.close()
+
+    async def _mysql_idle_in_transaction(self) -> Any:
+        async with self.admin.cursor() as cursor:
+            await cursor.execute(
+                # Idle (between statements) inside a transaction, as Postgres's "idle in
+                # transaction".
+                "SELECT p.ID, t.trx_state, t.trx_started FROM information_schema.INNODB_TRX t "
+                "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                "WHERE p.DB = %s AND p.COMMAND = 'Sleep' AND p.ID <> CONNECTION_ID()",
+                (make_url(self.url).database,),
+            )
+            return await cursor.fetchall()
 
     async def pool_commits(self, store: SQLStore, probe: str) -> None:
         """The store's pooled connection commits the next write, seen by another connection."""
@@ -369,8 +396,14 @@ WRITES: dict[str, Op] = {
     "purge": _purge,
     "delete_user": _delete_user,
 }
-# delete_user deletes sessions (in batches, each a transaction), then the user's state.
-BETWEEN = {"delete_user": (("ds_sessions", "ds_events"), ("ds_user_state", "ds_app_state"))}
+# delete_user deletes sessions (in batches, each a transaction), then the user's state,
+# then the user's long-term memories: each step's tables may be seen done before the next.
+BETWEEN = {
+    "delete_user": [
+        ("ds_sessions", "ds_events"),
+        ("ds_sessions", "ds_events", "ds_user_state", "ds_app_state"),
+    ]
+}
 
 
 @dataclass
@@ -397,9 +430,8 @@ class Sweep:
         await op()
         after = await observe(self.independent, skip={"probe"})
         allowed = [before, after]
-        if name in BETWEEN:
-            done, pending = BETWEEN[name]
-            allowed.append({**{t: after[t] for t in done}, **{t: before[t] for t in pending}})
+        for done in BETWEEN.get(name, []):
+            allowed.append({**before, **{t: after[t] for t in done}})
         assert before != after, f"{name} wrote nothing to compare"
         return allowed
 
@@ -435,6 +467,19 @@ class Sweep:
         raise AssertionError(f"{name}: still cancelled after {MAX_POINTS} points")
 
 
+@contextlib.asynccontextmanager
+async def admin_connection(backend: str, url: str) -> AsyncIterator[Any]:
+    """A plain connection that looks at the server's transactions (None on SQLite)."""
+    if backend == "postgres":
+        async with raw_pg(url) as admin:
+            yield admin
+    elif backend == "mysql":
+        async with raw_mysql(url) as admin:
+            yield admin
+    else:
+        yield None
+
+
 def pooled(url: str, size: int) -> AsyncEngine:
     """An engine whose pool holds ``size`` connections and makes no more (on SQLite too,
     whose default pool is NullPool in older SQLAlchemy versions)."""
@@ -449,12 +494,8 @@ async def sweeper(
     store_engine = pooled(backend_url, 1)
     independent = create_async_engine(backend_url, poolclass=NullPool)
     try:
-        if backend == "postgres":
-            async with raw_pg(backend_url) as admin:
-                checker = Checker(backend, backend_url, independent, admin)
-                yield Sweep(backend, backend_url, store_engine, independent, checker)
-        else:
-            checker = Checker(backend, backend_url, independent, None)
+        async with admin_connection(backend, backend_url) as admin:
+            checker = Checker(backend, backend_url, independent, admin)
             yield Sweep(backend, backend_url, store_engine, independent, checker)
     finally:
         await store_engine.dispose()
@@ -513,17 +554,20 @@ async def test_cancel_while_the_pool_connects(sweeper: Sweep, write: str) -> Non
 class TransactionLeftOpen:
     """A ``reset`` listener that runs statements through the DBAPI connection and leaves the
     transaction the driver began for them open (SQLAlchemy's asyncpg adapter begins one for
-    any statement; ``sqlite3`` before a data change, here to a temporary table)."""
+    any statement; MySQL's connection, autocommit off, for a read of a table; ``sqlite3``
+    before a data change, here to a temporary table)."""
 
     def __init__(self, engine: AsyncEngine, backend: str) -> None:
         self.pool = engine.sync_engine.pool
-        self.sql = (
-            ["SELECT 1"]
-            if backend == "postgres"
-            else [
+        self.sql = {
+            "postgres": ["SELECT 1"],
+            "mysql": ["SELECT count(*) FROM ds_sessions"],
+        }.get(
+            backend,
+            [
                 "CREATE TEMP TABLE IF NOT EXISTS scratch (n INTEGER)",
                 "INSERT INTO scratch VALUES (1)",
-            ]
+            ],
         )
 
     def talk(self, dbapi_connection: Any, record: Any, state: Any) -> None:
@@ -544,8 +588,9 @@ async def test_cancel_at_every_await_with_a_pool_listener_that_talks_to_the_data
     cancelled at each suspension in turn (the check-out, the commit of what the listener
     left, the statement, the check-in and its listener) is whole or absent; then, the
     listener removed, the next write on the same connection is committed and no connection
-    of the database is left inside a transaction (pg_stat_activity on Postgres, SQLite's
-    write lock free): no connection stranded, no write swallowed."""
+    of the database is left inside a transaction (pg_stat_activity on Postgres, InnoDB's
+    transactions on MySQL, SQLite's write lock free): no connection stranded, no write
+    swallowed."""
     store_engine = pooled(backend_url, 1)
     independent = create_async_engine(backend_url, poolclass=NullPool)
     listener = TransactionLeftOpen(store_engine, backend)
@@ -582,11 +627,8 @@ async def test_cancel_at_every_await_with_a_pool_listener_that_talks_to_the_data
         raise AssertionError("never completed")
 
     try:
-        if backend == "postgres":
-            async with raw_pg(backend_url) as admin:
-                await sweep(Checker(backend, backend_url, independent, admin))
-        else:
-            await sweep(Checker(backend, backend_url, independent, None))
+        async with admin_connection(backend, backend_url) as admin:
+            await sweep(Checker(backend, backend_url, independent, admin))
     finally:
         await store_engine.dispose()
         await independent.dispose()
@@ -877,13 +919,8 @@ async def test_storm_of_timeouts_on_a_small_pool(
 
     independent = create_async_engine(backend_url, poolclass=NullPool)
     try:
-        checker = Checker(backend, backend_url, independent, None)
-        if backend == "postgres":
-            async with raw_pg(backend_url) as admin:
-                checker.admin = admin
-                await checker.nothing_left_open()
-        else:
-            await checker.nothing_left_open()
+        async with admin_connection(backend, backend_url) as admin:
+            await Checker(backend, backend_url, independent, admin).nothing_left_open()
         acknowledged, found, problems = await _verify_storm(SQLStore(independent), tally)
     finally:
         await independent.dispose()

@@ -1,4 +1,5 @@
-"""Separate OS processes sharing one SQLite file or one Postgres database: nothing is lost.
+"""Separate OS processes sharing one SQLite file, or one Postgres or MySQL database: nothing is
+lost.
 
 Every scenario runs its jobs in spawned worker processes (``reliability.jobs``) that start
 together at a file barrier, so the writes really overlap; the parent reads everything back.
@@ -17,13 +18,16 @@ from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import Manager, SQLStore
-from durable_sessions.migrate import current, head
+from durable_sessions.sql.migrate import current, head
 from reliability.figures import Figures
 from reliability.helpers import count_present
 from reliability.jobs import PROCESSES, in_processes, scoped_keys
-from support.sql import PG_DISTRIBUTED, SQL_BACKENDS
+from support.sql import MYSQL, PG_DISTRIBUTED, SQL_BACKENDS
 
-pytestmark = [pytest.mark.slow, pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED])]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED, MYSQL]),
+]
 
 SCHEMA_TABLES = {"ds_sessions", "ds_user_state", "ds_app_state", "ds_events"}
 
@@ -281,6 +285,8 @@ async def test_processes_migrate_fresh_databases_at_once(
     for d in range(databases):
         if backend == "sqlite":
             url = f"sqlite+aiosqlite:///{tmp_path / f'fresh-{d}.db'}"
+        elif backend == "mysql":
+            url = request.getfixturevalue("fresh_mysql_url")()
         else:
             url = request.getfixturevalue("fresh_pg_url")()
         await run_jobs(

@@ -22,9 +22,9 @@ from durable_sessions import (
 from reliability.figures import Figures
 from reliability.helpers import count_present
 from reliability.jobs import scoped_keys
-from support.sql import PG_DISTRIBUTED, SQL_BACKENDS
+from support.sql import PG_DISTRIBUTED, STORE_SQL_BACKENDS
 
-pytestmark = pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED])
+pytestmark = pytest.mark.parametrize("backend", [*STORE_SQL_BACKENDS, PG_DISTRIBUTED])
 
 TASKS = 8
 

@@ -1,17 +1,19 @@
-"""Faults: a writer's connection killed mid-transaction, a writer process SIGKILLed, a
-Postgres server restarted under a running store. No partial write, a typed error, and the
-same store object goes on working."""
+"""Faults: a writer's connection killed mid-transaction (Postgres, MySQL), a writer process
+SIGKILLed (SQLite), a Postgres server restarted under a running store. No partial write, a
+typed error, and the same store object goes on working."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sqlite3
+import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import asyncpg  # type: ignore[import-untyped]
 import pytest
@@ -27,16 +29,17 @@ from durable_sessions import (
     SQLStore,
     StoreUnavailableError,
 )
-from reliability import sqlite_appender
+from reliability import pgcluster, sqlite_appender
 from reliability.figures import Figures
 from reliability.helpers import count_present
-from reliability.pgcluster import PrivateCluster, find_pg_bindir
-from support.sql import raw_pg, snapshot
+from reliability.mariadb_server import PrivateMariaDB
+from reliability.pgcluster import ClusterUnavailable, PrivateCluster, find_pg_bindir
+from support.sql import MYSQL, raw_mysql, raw_pg, snapshot
 
 POSTGRES = [pytest.param("postgres", marks=pytest.mark.postgres)]
 SQLITE = [pytest.param("sqlite", marks=pytest.mark.sqlite)]
 
-# -- a Postgres writer's connection killed mid-transaction -----------------------------------
+# -- a writer's connection killed mid-transaction --------------------------------------------
 
 
 async def blocked_behind(admin: Any, locker_pid: int, timeout: float = 10.0) -> int:
@@ -78,19 +81,85 @@ async def has_written(admin: Any, pid: int, session_id: str | None) -> bool:
     return False
 
 
+async def mysql_blocked_writer(admin: Any, database: str, timeout: float = 10.0) -> Any:
+    """Return the thread id of the one connection to ``database`` writing ``ds_user_state``
+    (which waits for the row held): every write does so after it wrote its session row."""
+    async with admin.cursor() as cursor:
+        for _ in range(int(timeout / 0.01)):
+            await cursor.execute(
+                "SELECT ID FROM information_schema.PROCESSLIST p "
+                "WHERE p.DB = %s AND p.COMMAND = 'Query' "
+                "AND p.INFO LIKE 'INSERT INTO ds_user_state%%'",
+                (database,),
+            )
+            found = await cursor.fetchall()
+            if found:
+                assert len(found) == 1
+                return found[0][0]
+            await asyncio.sleep(0.01)
+    raise AssertionError("the writer never blocked on the locked ds_user_state row")
+
+
+Kill = Callable[[str | None], Awaitable[None]]
+"""Kill the connection of the writer blocked behind the held row, once it has written
+(with a session id: that session's row)."""
+
+
+@contextlib.asynccontextmanager
+async def user_key_held(backend: str, url: str) -> AsyncIterator[Kill]:
+    """Another connection holds alice's ``user:k`` row locked in an open transaction (rolled
+    back at the end of the block); the block gets the ``Kill`` of the writer behind it."""
+    where = "org_id = 'org' AND app_name = 'app' AND user_id = 'alice'"
+    if backend == "mysql":
+        async with (
+            raw_mysql(url) as locker,
+            raw_mysql(url) as admin,
+            locker.cursor() as cursor,
+        ):
+            await locker.begin()
+            await cursor.execute(f"SELECT 1 FROM ds_user_state WHERE {where} AND `key` = 'k' "
+                                 "FOR UPDATE")  # fmt: skip
+
+            async def kill_mysql(session_id: str | None) -> None:
+                writer = await mysql_blocked_writer(admin, make_url(url).database or "")
+                async with admin.cursor() as killer:
+                    await killer.execute(f"KILL CONNECTION {int(writer)}")
+
+            try:
+                yield kill_mysql
+            finally:
+                await locker.rollback()
+        return
+    async with raw_pg(url) as locker, raw_pg(url) as admin:
+        transaction = locker.transaction()
+        await transaction.start()
+        await locker.execute(f"SELECT 1 FROM ds_user_state WHERE {where} AND key = 'k' FOR UPDATE")
+
+        async def kill_pg(session_id: str | None) -> None:
+            writer = await blocked_behind(admin, locker.get_server_pid())
+            assert await has_written(admin, writer, session_id)
+            assert await admin.fetchval("SELECT pg_terminate_backend($1)", writer)
+
+        try:
+            yield kill_pg
+        finally:
+            await transaction.rollback()
+
+
 def scoped(n: int) -> dict[str, Any]:
     """The state one write of the kill scenario sets, in every scope."""
     return {"own": n, "user:k": n, "app:a": n}
 
 
-@pytest.mark.parametrize("backend", POSTGRES)
+@pytest.mark.parametrize("backend", [*POSTGRES, MYSQL])
 @pytest.mark.parametrize("operation", ["save", "append_event", "create"])
-async def test_postgres_writer_killed_mid_transaction(
+async def test_writer_killed_mid_transaction(
     engine: AsyncEngine, backend: str, backend_url: str, operation: str, figures: Figures
 ) -> None:
     """The writer has written the session row and waits for a ``ds_user_state`` row that
-    another connection holds locked; its backend is terminated. Nothing of the write stays,
-    a StoreUnavailableError is raised, and the same store object then writes fine."""
+    another connection holds locked; its connection is killed (``pg_terminate_backend``,
+    MySQL's ``KILL CONNECTION``). Nothing of the write stays, a StoreUnavailableError is
+    raised, and the same store object then writes fine."""
     store = SQLStore(engine)
     manager = Manager(store, app_name="app")
     session = await manager.create("org", "alice", state=scoped(0))
@@ -108,20 +177,11 @@ async def test_postgres_writer_killed_mid_transaction(
             await manager.create("org", "alice", id=f"new-{n}", state=scoped(n))
 
     before = await snapshot(engine)
-    async with raw_pg(backend_url) as locker, raw_pg(backend_url) as admin:
-        transaction = locker.transaction()
-        await transaction.start()
-        await locker.execute(
-            "SELECT 1 FROM ds_user_state WHERE org_id = 'org' AND app_name = 'app' "
-            "AND user_id = 'alice' AND key = 'k' FOR UPDATE"
-        )
+    async with user_key_held(backend, backend_url) as kill:
         attempt = asyncio.create_task(write(1))
-        writer = await blocked_behind(admin, locker.get_server_pid())
-        assert await has_written(admin, writer, None if operation == "create" else session.id)
-        assert await admin.fetchval("SELECT pg_terminate_backend($1)", writer)
+        await kill(None if operation == "create" else session.id)
         with pytest.raises(SessionError) as caught:
             await attempt
-        await transaction.rollback()
     assert isinstance(caught.value, StoreUnavailableError), caught.value
     assert await snapshot(engine) == before  # no partial write, in any table
 
@@ -234,43 +294,118 @@ async def test_sqlite_writer_sigkilled_mid_write(
 # -- Postgres restarted under a running store ------------------------------------------------
 
 
+def cannot(server: str, reason: str) -> NoReturn:
+    """Skip a restart test this machine cannot run, with its reason; under CI=true, fail it."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true and the {server} restart tests cannot run: {reason}")
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
 def private_cluster() -> Iterator[PrivateCluster]:
     """A throwaway Postgres cluster of this module alone, deleted afterwards.
 
-    Missing Postgres server binaries skip the tests locally and fail them under CI=true.
+    A machine that cannot run one (no server binaries, no ``runuser`` as root, a server
+    that does not start) skips the tests with its reason locally, and fails them under
+    CI=true, where they must run.
     """
     bindir = find_pg_bindir()
     if bindir is None:
-        message = "no Postgres server binaries (initdb, pg_ctl) to run a private cluster"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    cluster = PrivateCluster(bindir)
+        cannot("Postgres", "no Postgres server binaries (initdb, pg_ctl) to run a private cluster")
     try:
-        cluster.start()
+        cluster = PrivateCluster(bindir)
+    except ClusterUnavailable as exc:
+        cannot("Postgres", str(exc))
+    try:
+        try:
+            cluster.start()
+        except (RuntimeError, OSError) as exc:
+            cannot("Postgres", f"the private Postgres cluster did not start: {exc}")
         yield cluster
     finally:
         cluster.close()
 
 
-@pytest.mark.slow
-@pytest.mark.postgres
-@pytest.mark.parametrize(
+@pytest.fixture(scope="module")
+def private_mariadb() -> Iterator[PrivateMariaDB]:
+    """A throwaway MariaDB server of this module alone (never the shared one), deleted
+    afterwards; skipped with its reason locally, failed under CI=true, when it cannot run."""
+    try:
+        server = PrivateMariaDB()
+    except ClusterUnavailable as exc:
+        cannot("MySQL", str(exc))
+    try:
+        try:
+            server.start()
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            cannot("MySQL", f"the private MariaDB server did not start: {exc}")
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runuser is what root runs the server with")
+def test_as_root_without_runuser_a_cluster_is_unavailable_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bindir = find_pg_bindir()
+    if bindir is None:
+        pytest.skip("no Postgres server binaries")
+    monkeypatch.setattr(pgcluster, "find_runuser", lambda: None)
+    with pytest.raises(ClusterUnavailable, match="there is no runuser"):
+        PrivateCluster(bindir)
+
+
+def test_runuser_is_found_off_a_normal_users_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not any(Path(d, "runuser").exists() for d in pgcluster.SYSTEM_BIN.split(os.pathsep)):
+        pytest.skip("no runuser on this machine")
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+    found = pgcluster.find_runuser()
+    assert found is not None
+    assert Path(found).name == "runuser"
+
+
+PRE_PING = pytest.mark.parametrize(
     "pre_ping",
     [
         pytest.param(False, id="plain-engine"),
         pytest.param(True, id="pool_pre_ping"),
     ],
 )
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@PRE_PING
 async def test_store_recovers_after_postgres_restart(
     private_cluster: PrivateCluster, pre_ping: bool, figures: Figures
 ) -> None:
     """A store with warm pooled connections sees its server restart. The same store object
     works again after at most one failed operation, which is a StoreUnavailableError (with
     ``pool_pre_ping=True``: none), and nothing committed before the restart is lost."""
+    await recovers_after_restart(
+        private_cluster.url, private_cluster.restart, "postgres", pre_ping, figures
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.mysql
+@PRE_PING
+async def test_store_recovers_after_mysql_restart(
+    private_mariadb: PrivateMariaDB, pre_ping: bool, figures: Figures
+) -> None:
+    """The same, on a MariaDB server of the test's own."""
+    await recovers_after_restart(
+        private_mariadb.url, private_mariadb.restart, "mysql", pre_ping, figures
+    )
+
+
+async def recovers_after_restart(
+    url: str, restart: Callable[[], None], backend: str, pre_ping: bool, figures: Figures
+) -> None:
+    """Warm a store's pool, ``restart`` its server, then run every kind of operation."""
     # As the README builds it: create_async_engine(url), optionally with pool_pre_ping.
-    engine = create_async_engine(private_cluster.url, pool_pre_ping=pre_ping)
+    engine = create_async_engine(url, pool_pre_ping=pre_ping)
     try:
         store = SQLStore(engine)
         await store.migrate()
@@ -283,7 +418,7 @@ async def test_store_recovers_after_postgres_restart(
         written.update({f"user:before-{i}": i for i in range(4)})
         sid = created[0].id
 
-        await asyncio.to_thread(private_cluster.restart)
+        await asyncio.to_thread(restart)
 
         async def save() -> None:
             copy = await manager.get(org, sid)
@@ -330,8 +465,8 @@ async def test_store_recovers_after_postgres_restart(
         assert fresh.state["app:after"] == 1
         engine_kind = "pool_pre_ping" if pre_ping else "plain engine"
         figures.record(
-            f"Postgres restarted under the store, {engine_kind}",
-            "postgres",
+            f"server restarted under the store, {engine_kind}",
+            backend,
             operations=attempts,
             expected=len(written),
             found=count_present(written, stored.state),

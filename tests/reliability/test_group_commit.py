@@ -2,7 +2,7 @@
 
 On SQLite the writes of one process that queue behind each other are committed together:
 the next writer to get the lock takes the waiting writes (up to ``_GROUP_MAX``) and runs
-them in one transaction, each inside a savepoint (``runner.SQLiteRunner``). What a caller
+them in one transaction, each inside a savepoint (``SQLiteRunner``). What a caller
 sees must not change with that: a write that fails fails alone and leaves nothing, the
 others commit; an acknowledged write is stored; a cancelled one is whole or absent; a
 transaction that fails (its COMMIT, or SQLite rolling it back under one write) fails no
@@ -32,7 +32,7 @@ from durable_sessions import (
     StoreError,
     StoreUnavailableError,
 )
-from durable_sessions.sql import runner
+from durable_sessions.sql.dialects.sqlite import runner, writers
 
 ORG = "org"
 
@@ -131,7 +131,7 @@ async def test_writes_that_meet_keep_their_own_outcomes(
     with pytest.raises(SessionNotFoundError):
         await store.get(ORG, "nowhere")
     if backend == "sqlite":
-        assert max(sizes) == runner._GROUP_MAX, sizes
+        assert max(sizes) == writers.GROUP_MAX, sizes
         assert sum(sizes) == len(ops), sizes
 
 
@@ -177,14 +177,14 @@ async def queued_together(store: SQLStore, writes: list[Coroutine[Any, Any, Any]
     """Start ``writes`` while this process's write lock is held, so that each queues before
     any runs and they are then taken as one group (whatever the pool does at checkout in
     this SQLAlchemy version); return their outcomes, errors included."""
-    writers = runner._writers(store.engine)
-    async with writers.lock:
+    queue = writers.writers_of(store.engine)
+    async with queue.lock:
         tasks = [asyncio.ensure_future(write) for write in writes]
         for _ in range(1000):
-            if len(writers.pending) == len(tasks):
+            if len(queue.pending) == len(tasks):
                 break
             await asyncio.sleep(0)
-        assert len(writers.pending) == len(tasks), "the writes did not all queue"
+        assert len(queue.pending) == len(tasks), "the writes did not all queue"
     return await asyncio.gather(*tasks, return_exceptions=True)
 
 

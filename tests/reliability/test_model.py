@@ -21,6 +21,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar, TypeVar
 
 import pytest
+
+pytest.importorskip("hypothesis", reason="hypothesis (the test group) is not installed")
+
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -36,11 +39,11 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from durable_sessions import Event, Filter, InMemoryStore, Session, SessionError, SQLStore, Store
 from reliability.figures import Figures
 from reliability.helpers import OwnedLoop, event_view, observe_org, reset_tables, session_view
-from support.sql import PG_DISTRIBUTED, SQL_BACKENDS
+from support.sql import PG_DISTRIBUTED, STORE_SQL_BACKENDS
 
 _T = TypeVar("_T")
 
-pytestmark = pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED])
+pytestmark = pytest.mark.parametrize("backend", [*STORE_SQL_BACKENDS, PG_DISTRIBUTED])
 
 ORGS = ("o1", "o2")
 DELETE = object()

@@ -1,4 +1,4 @@
-"""Erasure and purge under concurrent writers, on SQLite and Postgres: nothing is skipped.
+"""Erasure and purge under concurrent writers, on SQLite, Postgres and MySQL: nothing is skipped.
 
 ``delete_user`` and ``purge`` run while tasks append to and touch the very sessions being
 deleted, and while another connection holds one of them locked in an open transaction.
@@ -19,7 +19,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import make_url, text
@@ -37,9 +37,9 @@ from durable_sessions import (
 from durable_sessions.model import utcnow
 from durable_sessions.sql import statements as sql_statements
 from reliability.figures import Figures
-from support.sql import PG_DISTRIBUTED, SQL_BACKENDS, raw_pg
+from support.sql import MYSQL, PG_DISTRIBUTED, SQL_BACKENDS, raw_mysql, raw_pg
 
-pytestmark = pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED])
+pytestmark = pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED, MYSQL])
 
 ORG = "org"
 WRITERS = 6
@@ -121,14 +121,19 @@ async def user_session_ids(url: str, user_id: str) -> list[str]:
 
 async def age(engine: AsyncEngine, session_ids: list[str], days: int) -> None:
     """Make sessions look as if they were last updated ``days`` ago."""
-    stamp = utcnow() - timedelta(days=days)
+    stamp = as_stored(engine.dialect.name, utcnow() - timedelta(days=days))
     async with engine.begin() as conn:
         for sid in session_ids:
             await conn.execute(
                 text("UPDATE ds_sessions SET updated_at = :t WHERE org_id = :o AND id = :i"),
-                {"t": stamp.replace(tzinfo=None) if engine.dialect.name == "sqlite" else stamp,
-                 "o": ORG, "i": sid},
-            )  # fmt: skip
+                {"t": stamp, "o": ORG, "i": sid},
+            )
+
+
+def as_stored(dialect: str, moment: datetime) -> datetime:
+    """A UTC time as a plain statement binds it: without its zone where the column has none
+    (SQLite's text, MySQL's ``DATETIME``)."""
+    return moment if dialect == "postgresql" else moment.replace(tzinfo=None)
 
 
 # -- writers -----------------------------------------------------------------------------------
@@ -185,8 +190,8 @@ class Writers:
 async def held(backend: str, url: str, session_id: str, hold: float) -> AsyncIterator[None]:
     """Another connection updates ``session_id`` in a transaction it keeps open ``hold`` s.
 
-    On Postgres it holds that row's lock; on SQLite, the database's write lock. The block
-    runs once the lock is taken; the transaction commits ``hold`` seconds after that.
+    On Postgres and MySQL it holds that row's lock; on SQLite, the database's write lock.
+    The block runs once the lock is taken; the transaction commits ``hold`` seconds after that.
     """
     taken = asyncio.Event()
     sql = "UPDATE ds_sessions SET version = version WHERE org_id = {o} AND id = {i}"
@@ -196,6 +201,14 @@ async def held(backend: str, url: str, session_id: str, hold: float) -> AsyncIte
             await conn.execute(sql.format(o="$1", i="$2"), ORG, session_id)
             taken.set()
             await asyncio.sleep(hold)
+
+    async def hold_mysql() -> None:
+        async with raw_mysql(url) as conn, conn.cursor() as cursor:
+            await conn.begin()
+            await cursor.execute(sql.format(o="%s", i="%s"), (ORG, session_id))
+            taken.set()
+            await asyncio.sleep(hold)
+            await conn.commit()
 
     def hold_sqlite(loop: asyncio.AbstractEventLoop) -> None:
         db = sqlite3.connect(make_url(url).database or "", isolation_level=None)
@@ -208,7 +221,9 @@ async def held(backend: str, url: str, session_id: str, hold: float) -> AsyncIte
         finally:
             db.close()
 
-    if backend != "sqlite":
+    if backend == "mysql":
+        holder = asyncio.create_task(hold_mysql())
+    elif backend != "sqlite":
         holder = asyncio.create_task(hold_pg())
     else:
         holder = asyncio.create_task(asyncio.to_thread(hold_sqlite, asyncio.get_running_loop()))
@@ -331,35 +346,45 @@ async def test_delete_user_erases_forks_made_while_it_runs(
     assert after.user_state == 0 or survivors
 
 
-async def test_delete_user_gives_up_with_a_typed_error_saying_what_is_left(
-    engine: AsyncEngine, url: str, backend: str, figures: Figures
+@pytest.mark.parametrize("operation", ["delete_user", "purge"])
+async def test_erasure_gives_up_with_a_typed_error_saying_what_is_left(
+    engine: AsyncEngine, url: str, backend: str, operation: str, figures: Figures
 ) -> None:
-    """A writer holding a session longer than the store waits: a typed error, not a skip;
-    what was deleted stays deleted, and running it again finishes the erasure."""
+    """A writer holding a session longer than the store waits: a typed error, not a skip
+    (and not the database's own, longer, lock wait); what was deleted stays deleted, and
+    running it again finishes the erasure."""
     doomed = await seed_user(Manager(SQLStore(engine)), "alice", SESSIONS)
+    await age(engine, doomed, days=3)  # every one of them doomed by the purge too
     if backend != "sqlite":
         error: type[Exception] = DeletionIncompleteError
     else:  # the whole database is locked: SQLite's busy timeout is the bound
         error = StoreUnavailableError
+
+    async def erase(store: SQLStore) -> int:
+        if operation == "purge":
+            return await store.purge(ORG, older_than=timedelta(days=1))
+        return await store.delete_user(ORG, "alice")
+
     impatient = create_async_engine(url)  # new connections, so busy_timeout applies
     try:
         store = SQLStore(impatient, lock_timeout=0.3, busy_timeout=0.3)
         async with held(backend, url, doomed[-1], 2.0):
             with pytest.raises(error) as caught:
-                await store.delete_user(ORG, "alice")
+                await erase(store)
     finally:
         await impatient.dispose()
-    left = await count_rows(url, doomed, "alice")
+    user = "alice" if operation == "delete_user" else None  # purge leaves user: state
+    left = await count_rows(url, doomed, user)
     if isinstance(caught.value, DeletionIncompleteError):
         assert caught.value.remaining == left.sessions >= 1
         assert caught.value.deleted == SESSIONS - left.sessions
         assert f"{left.sessions} matching sessions are left" in str(caught.value)
     assert left.sessions >= 1
-    again = await SQLStore(engine).delete_user(ORG, "alice")
+    again = await erase(SQLStore(engine))
     assert again == left.sessions
-    after = await count_rows(url, doomed, "alice")
+    after = await count_rows(url, doomed, user)
     figures.record(
-        "erasure: held past lock_timeout, typed error",
+        f"{operation}: held past lock_timeout, typed error",
         backend,
         operations=2,
         expected=left.total,
@@ -396,7 +421,7 @@ async def test_purge_waits_for_concurrent_writers_and_leaves_nothing_old(
             stale = (
                 await conn.execute(
                     text("SELECT id FROM ds_sessions WHERE org_id = :o AND updated_at < :t"),
-                    {"o": ORG, "t": cutoff.replace(tzinfo=None) if backend == "sqlite" else cutoff},
+                    {"o": ORG, "t": as_stored(engine.dialect.name, cutoff)},
                 )
             ).all()
             orphans = (

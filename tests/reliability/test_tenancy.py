@@ -16,6 +16,9 @@ from itertools import count
 from typing import Any
 
 import pytest
+
+pytest.importorskip("hypothesis", reason="hypothesis (the test group) is not installed")
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine

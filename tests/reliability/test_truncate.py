@@ -17,9 +17,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import Event, Manager, SQLStore
 from reliability.figures import Figures
-from support.sql import PG_DISTRIBUTED, SQL_BACKENDS
+from support.sql import PG_DISTRIBUTED, STORE_SQL_BACKENDS
 
-pytestmark = pytest.mark.parametrize("backend", [*SQL_BACKENDS, PG_DISTRIBUTED])
+pytestmark = pytest.mark.parametrize("backend", [*STORE_SQL_BACKENDS, PG_DISTRIBUTED])
 
 APPENDERS = 6
 TRUNCATERS = 3

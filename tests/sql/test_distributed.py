@@ -1,6 +1,6 @@
 """Distributed mode (Citus, #17): Citus's router rules over every statement the mode can run,
 how the mode is chosen, what it runs, the plans of the reads on one Postgres, and the
-README's recipe for distributing the schema.
+the scaling guide's recipe for distributing the schema.
 
 The contract suite and the reliability scenarios run in distributed mode too, as the
 ``postgres-distributed`` backend (``tests/conftest.py``), forced on plain Postgres; no Citus
@@ -25,16 +25,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.sql import Executable
 
 from durable_sessions import Event, Filter, InvalidArgumentError, Manager, SQLStore
-from durable_sessions.sql.citus import (
+from durable_sessions.sql.compiled import compile_statement
+from durable_sessions.sql.dialect import dialect_ops
+from durable_sessions.sql.dialects.citus.programs import (
     GENERATED_VECTOR,
     SETTING,
     DistributedStatements,
     detect_schema,
     make_distributed,
 )
-from durable_sessions.sql.compiled import compile_statement
-from durable_sessions.sql.dialect import dialect_ops
-from durable_sessions.sql.postgres import PostgresStatements
+from durable_sessions.sql.dialects.postgresql.programs import PostgresStatements
 from durable_sessions.sql.runner import Result
 from durable_sessions.sql.schema import VERSION_TABLE, metadata
 from durable_sessions.sql.statements import META, SESSION_KEY, S
@@ -44,7 +44,7 @@ from support.sql import PG_DISTRIBUTED, data_statements, raw_pg, statements
 
 DIALECT = PGDialect_asyncpg()
 OPS = dialect_ops("postgresql", "asyncpg")
-README = Path(__file__).resolve().parents[2] / "README.md"
+CITUS_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "citus.md"
 POSTGRES = pytest.param("postgres", marks=pytest.mark.postgres)
 
 
@@ -365,24 +365,26 @@ async def test_reads_bound_on_the_org_plan_as_the_correlated_ones_did(
             assert not [n for n in _shape(new) if n[1] == "Seq Scan" and n[2] != "ds_sessions"]
 
 
-# -- the README's recipe --------------------------------------------------------------------
+# -- the scaling guide's recipe ----------------------------------------------------------------
 
 
-def _readme_recipe() -> list[str]:
-    text = README.read_text(encoding="utf-8")
-    section = text.split("\n## Scaling out\n", 1)[1].split("\n## ", 1)[0]
-    (block,) = re.findall(r"^```sql\n(.*?)^```", section, re.S | re.M)
-    return [line for line in block.splitlines() if line.strip()]
+def _guide_recipe() -> list[str]:
+    text = CITUS_GUIDE.read_text(encoding="utf-8")
+    (block,) = re.findall(r"^ *```sql\n(.*?)^ *```", text, re.S | re.M)
+    return [line.strip() for line in block.splitlines() if line.strip()]
 
 
-def test_the_readme_recipe_is_distribution_sql() -> None:
-    from durable_sessions.sql.citus import distribution_sql
+def test_the_guide_recipe_is_distribution_sql() -> None:
+    from durable_sessions.sql.dialects.citus import distribution_sql
 
-    assert _readme_recipe() == distribution_sql()
+    assert _guide_recipe() == distribution_sql()
+    readme = (CITUS_GUIDE.parents[2] / "README.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"^```sql\n(.*?)^```", readme, re.S | re.M)
+    assert [line.strip() for line in block.splitlines() if line.strip()] == distribution_sql()
 
 
 def test_the_recipe_distributes_every_table_of_the_schema_sessions_first() -> None:
-    from durable_sessions.sql.citus import distribution_sql
+    from durable_sessions.sql.dialects.citus import distribution_sql
 
     recipe = distribution_sql()
     assert recipe[: len(GENERATED_VECTOR)] == GENERATED_VECTOR  # before any distribution
@@ -421,7 +423,7 @@ async def test_the_recipe_runs_on_a_migrated_database(fresh_pg_url: Any) -> None
     for Citus's ``create_distributed_table`` that checks what Citus would: the table and
     its column exist, and a colocation target was distributed before. Every table that
     ``migrate`` made is distributed, but Alembic's version table."""
-    from durable_sessions.sql.citus import distribution_sql
+    from durable_sessions.sql.dialects.citus import distribution_sql
 
     url = fresh_pg_url()
     engine = create_async_engine(url)
@@ -431,7 +433,7 @@ async def test_the_recipe_runs_on_a_migrated_database(fresh_pg_url: Any) -> None
         await engine.dispose()
     async with raw_pg(url) as conn:
         await conn.execute(STUB)
-        for statement in _readme_recipe():
+        for statement in _guide_recipe():
             await conn.execute(statement)
         done = [r[0] for r in await conn.fetch("SELECT relation FROM distributed_log ORDER BY n")]
         made = {

@@ -29,12 +29,13 @@ READ_BACK = "may have completed first: read back before retrying"
 
 
 @pytest.fixture
-async def timed_engine(fresh_pg_url: Callable[[], str]) -> AsyncIterator[tuple[AsyncEngine, str]]:
-    url = fresh_pg_url()
+async def timed_engine(
+    fresh_migrated_pg_url: Callable[[], str],
+) -> AsyncIterator[tuple[AsyncEngine, str]]:
+    url = fresh_migrated_pg_url()
     engine = create_async_engine(
         url, pool_size=POOL, max_overflow=0, connect_args={"command_timeout": TIMEOUT}
     )
-    await SQLStore(engine).migrate()
     yield engine, url
     await engine.dispose()
 
@@ -42,13 +43,34 @@ async def timed_engine(fresh_pg_url: Callable[[], str]) -> AsyncIterator[tuple[A
 async def _backends(engine: AsyncEngine) -> set[int]:
     """The server process of each of the pool's connections (all checked out at once)."""
 
+    held: list[int] = []
+    everyone = asyncio.Event()
+
     async def one() -> int:
         async with engine.connect() as conn:
             pid = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar()
-            await asyncio.sleep(0.05)
+            held.append(int(pid))
+            if len(held) == POOL:
+                everyone.set()
+            await asyncio.wait_for(everyone.wait(), 60)  # all checked out at once
             return int(pid)
 
     return set(await asyncio.gather(*(one() for _ in range(POOL))))
+
+
+async def _nothing_running(url: str) -> None:
+    """Wait until no other backend of the database is running a statement: a write that
+    was left running (not cancelled) has then gone through or failed."""
+    async with raw_pg(url) as admin:
+        for _ in range(600):
+            running = await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND state = 'active'"
+            )
+            if not running:
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError("a statement of the store kept running for 30 s")
 
 
 async def _nothing_left_open(url: str) -> None:
@@ -90,7 +112,7 @@ async def test_a_write_past_the_drivers_timeout_is_cancelled_and_the_pool_kept(
                 await manager.save(copy)
             await lock.rollback()  # the lock goes: a write still running would now land
 
-        await asyncio.sleep(2 * TIMEOUT)
+        await _nothing_running(url)
         stored = await manager.get("org", session.id)
         assert (stored.state, stored.version) == ({"k": 0}, 1)
         assert await manager.list_events("org", session.id) == []

@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import Event, Filter, Manager, Session, SessionService, SQLStore
-from support.sql import SQL_BACKENDS, raw_pg, statements
+from support.sql import STORE_SQL_BACKENDS, raw_pg, statements
 
 ORG = "org"
 APP = "app"
@@ -65,11 +65,10 @@ FK_CHECK = (
 async def fresh_engine(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[AsyncEngine]:
     """A new migrated database whose tables nothing analyses (autovacuum off for them)."""
     if backend == "sqlite":
-        url = str(request.getfixturevalue("sqlite_url"))
+        url = str(request.getfixturevalue("migrated_sqlite_url"))
     else:
-        url = request.getfixturevalue("fresh_pg_url")()
+        url = request.getfixturevalue("fresh_migrated_pg_url")()
     engine = create_async_engine(url)
-    await SQLStore(engine).migrate()
     if backend == "postgres":
         async with engine.begin() as conn:
             for table in TABLES:
@@ -95,10 +94,12 @@ async def _hot_paths(engine: AsyncEngine) -> dict[str, list[tuple[str, Any]]]:
     one, other = made[17], made[42]
 
     async def save() -> None:
+        nonlocal one
         session = await manager.get(ORG, one.id)
         for key, value in _state(7).items():
             session.set(key, value)
         await manager.save(session)
+        one = session  # the current copy, for the paths that follow
 
     async def pages(filter: Filter) -> None:
         page = await manager.list_page(filter)
@@ -167,7 +168,7 @@ def _wrong(name: str, nodes: list[dict[str, Any]]) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 async def test_hot_paths_are_index_lookups_on_tables_never_analyzed(
     backend: str, fresh_engine: AsyncEngine
 ) -> None:

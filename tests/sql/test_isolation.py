@@ -22,7 +22,7 @@ from sqlalchemy.pool import NullPool
 
 from conftest import set_pg_database
 from durable_sessions import Event, Manager, SQLStore, StaleSessionError
-from durable_sessions.sql.runner import PG_READ_COMMITTED
+from durable_sessions.sql.dialects.postgresql.runner import PG_READ_COMMITTED
 from reliability.test_cancellation import WRITES, Checker, Sweep, attempt, pooled
 from support.sql import raw_pg, statements
 
@@ -43,17 +43,16 @@ ONE: dict[str, Any] = {"pool_size": 1, "max_overflow": 0}
 
 @pytest.fixture
 async def strict_engine(
-    request: pytest.FixtureRequest, fresh_pg_url: Callable[[], str], pg_base_url: str
+    request: pytest.FixtureRequest, fresh_migrated_pg_url: Callable[[], str], pg_base_url: str
 ) -> AsyncIterator[AsyncEngine]:
     """A migrated database whose default isolation (or whose engine's) is not READ COMMITTED."""
     where, level = request.param
-    url = fresh_pg_url()
+    url = fresh_migrated_pg_url()
     if where == "database":
         set_pg_database(pg_base_url, url, "default_transaction_isolation", f"'{level}'")
         engine = create_async_engine(url, pool_size=TASKS)
     else:
         engine = create_async_engine(url, pool_size=TASKS, isolation_level=level)
-    await SQLStore(engine).migrate()
     yield engine
     await engine.dispose()
 
@@ -74,17 +73,22 @@ def path_store(strict_engine: AsyncEngine, request: pytest.FixtureRequest) -> It
 @pytest.mark.parametrize("path_store", PATHS, indirect=True)
 async def test_concurrent_appends_to_one_session_all_land(path_store: SQLStore) -> None:
     """12 tasks append 8 events each to one session, each with a private, user: and app:
-    key: all 96 events are stored, in distinct sequence numbers, with every key's last value."""
+    key, reloading and retrying when another task's append made their copy stale: all 96
+    events are stored, in distinct sequence numbers, with every key's last value."""
     manager = Manager(path_store, app_name="app")
     session = await manager.create("org", "alice")
 
     async def appender(task: int) -> None:
         for i in range(APPENDS):
-            current = await manager.get("org", session.id)
             delta = {f"t{task}": i, f"user:t{task}": i, f"app:t{task}": i}
-            await manager.append_event(
-                current, Event(author="user", content={"text": f"{task}-{i}"}, state_delta=delta)
-            )
+            while True:
+                current = await manager.get("org", session.id)
+                event = Event(author="user", content={"text": f"{task}-{i}"}, state_delta=delta)
+                try:
+                    await manager.append_event(current, event)
+                    break
+                except StaleSessionError:
+                    continue
 
     await asyncio.gather(*(appender(t) for t in range(TASKS)))
     events = await manager.list_events("org", session.id)

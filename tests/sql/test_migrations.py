@@ -8,8 +8,8 @@ import json
 import os
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,10 @@ from sqlalchemy import inspect, make_url, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from durable_sessions import Event, Manager, SQLStore, StoreUnavailableError
+from durable_sessions import Event, InMemoryStore, Manager, Memory, SQLStore, StoreUnavailableError
 from durable_sessions.fulltext import search_vector
-from durable_sessions.migrate import (
+from durable_sessions.memories import stored_terms
+from durable_sessions.sql.migrate import (
     current,
     downgrade,
     head,
@@ -30,11 +31,18 @@ from durable_sessions.migrate import (
     script_location,
     upgrade,
 )
-from durable_sessions.sql.schema import VERSION_TABLE, metadata
+from durable_sessions.sql.schema import VERSION_TABLE, memories, metadata
+from support.revisions import upgrade_released
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-TABLES = {"ds_sessions", "ds_user_state", "ds_app_state", "ds_events"}
+TABLES = {
+    "ds_sessions", "ds_user_state", "ds_app_state", "ds_events", "ds_memories", "ds_keys",
+    "ds_memory_terms",
+}  # fmt: skip
+# Revision 0001's tables (ds_memories comes with revision 0010, ds_keys with 0011,
+# ds_memory_terms with 0013).
+TABLES_0001 = TABLES - {"ds_memories", "ds_keys", "ds_memory_terms"}
 # Search (revision 0003), outside the SQLAlchemy metadata: SQLite's FTS5 table (with its
 # shadow tables), its key table, view and triggers; Postgres's functions and GIN index.
 SQLITE_SEARCH_TABLES = {
@@ -42,12 +50,27 @@ SQLITE_SEARCH_TABLES = {
     "ds_events_fts_config", "ds_events_fts_rowid",
 }  # fmt: skip
 SQLITE_SEARCH_TRIGGERS = {"ds_events_fts_insert", "ds_events_fts_delete", "ds_events_fts_update"}
+# Memories' search (revision 0010): SQLite's FTS5 table, its shadow tables, key table, view
+# and triggers; Postgres's generated vector and GIN index.
+SQLITE_MEMORY_TABLES = {
+    "ds_memories_fts", "ds_memories_fts_data", "ds_memories_fts_idx",
+    "ds_memories_fts_docsize", "ds_memories_fts_config", "ds_memories_fts_rowid",
+}  # fmt: skip
+SQLITE_MEMORY_OBJECTS = SQLITE_MEMORY_TABLES | {
+    "ds_memories_fts_insert", "ds_memories_fts_delete", "ds_memories_fts_update",
+    "ds_memories_fts_text",
+}  # fmt: skip
+PG_MEMORY_INDEX = "ix_ds_memories_search"
 PG_SEARCH_FUNCTIONS = {"ds_search_text", "ds_search_words", "ds_search_vector", "ds_search_query"}
 PG_SEARCH_INDEX = "ix_ds_events_search"
+MYSQL_SEARCH_TABLES = {"ds_event_words"}
 INDEXES = {
     "ix_ds_sessions_user_org_updated",
     "ix_ds_sessions_org_updated",
     "ix_ds_user_state_org_user",
+    "ix_ds_memories_org_user",
+    "ix_ds_keys_org_kind_owner",
+    "ix_ds_memory_terms_org_user",
 }
 # Revision 0001's; 0005 makes the user index lead with user_id, under a new name.
 INDEXES_0001 = {
@@ -59,12 +82,14 @@ INDEXES_0001 = {
 DIALECTS = [
     pytest.param("sqlite", marks=pytest.mark.sqlite),
     pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("mysql", marks=pytest.mark.mysql),
 ]
 
 
 @pytest.fixture(params=DIALECTS)
 def dialect(request: pytest.FixtureRequest) -> str:
-    """Which database the migrations run on: a SQLite file or a fresh Postgres database."""
+    """Which database the migrations run on: a SQLite file, or a fresh Postgres or MySQL
+    database."""
     return str(request.param)
 
 
@@ -73,7 +98,8 @@ def db_url(request: pytest.FixtureRequest, dialect: str) -> str:
     """The URL of an empty database of ``dialect``."""
     if dialect == "sqlite":
         return str(request.getfixturevalue("sqlite_url"))
-    make: Callable[[], str] = request.getfixturevalue("fresh_pg_url")
+    fixture = "fresh_mysql_url" if dialect == "mysql" else "fresh_pg_url"
+    make: Callable[[], str] = request.getfixturevalue(fixture)
     return make()
 
 
@@ -95,22 +121,37 @@ async def index_names(engine: AsyncEngine) -> set[str]:
     """Return the names of every index in the database, on tables that exist or not."""
     if engine.dialect.name == "sqlite":
         sql = "SELECT name FROM sqlite_master WHERE type = 'index'"
+    elif is_mysql(engine):
+        sql = (
+            "SELECT DISTINCT index_name FROM information_schema.statistics "
+            "WHERE table_schema = DATABASE()"
+        )
     else:
         sql = "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
     async with engine.connect() as conn:
         return set((await conn.execute(text(sql))).scalars())
 
 
+def is_mysql(engine: AsyncEngine) -> bool:
+    """Whether ``engine`` is on MySQL or MariaDB."""
+    return engine.dialect.name in ("mysql", "mariadb")
+
+
 def head_tables(engine: AsyncEngine) -> set[str]:
-    """The tables of a database at head: the schema's, and on SQLite the search tables."""
-    return TABLES | (SQLITE_SEARCH_TABLES if engine.dialect.name == "sqlite" else set())
+    """The tables of a database at head: the schema's, and on SQLite and MySQL the search
+    tables."""
+    if engine.dialect.name == "sqlite":
+        return TABLES | SQLITE_SEARCH_TABLES | SQLITE_MEMORY_TABLES
+    return TABLES | (MYSQL_SEARCH_TABLES if is_mysql(engine) else set())
 
 
 def is_search_object(obj: Any, name: str | None, type_: str, reflected: bool, other: Any) -> bool:
     """Whether Alembic's comparison meets one of search's objects, which live outside the
     metadata (their presence is tested apart): an ``include_object`` that leaves them out."""
     return bool(name) and (
-        str(name).startswith("ds_events_fts") or name in (PG_SEARCH_INDEX, "search_vector")
+        str(name).startswith(("ds_events_fts", "ds_memories_fts"))
+        or name
+        in (PG_SEARCH_INDEX, PG_MEMORY_INDEX, "search_vector", "search_terms", *MYSQL_SEARCH_TABLES)
     )
 
 
@@ -118,6 +159,11 @@ async def search_objects(engine: AsyncEngine) -> set[str]:
     """The names of search's objects in the database (tables, triggers, view; functions)."""
     if engine.dialect.name == "sqlite":
         sql = "SELECT name FROM sqlite_master WHERE name LIKE 'ds\\_events\\_fts%' ESCAPE '\\'"
+    elif is_mysql(engine):
+        sql = (
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = DATABASE() AND table_name = 'ds_event_words'"
+        )
     else:
         sql = (
             "SELECT proname FROM pg_proc WHERE proname LIKE 'ds\\_search\\_%' "
@@ -139,7 +185,7 @@ def test_script_location_and_head() -> None:
     assert (location / "env.py").is_file()
     assert (location / "script.py.mako").is_file()
     assert (location / "versions" / "0001_initial.py").is_file()
-    assert head() == "0009"
+    assert head() == "0013"
 
 
 def test_revisions_are_frozen_snapshots() -> None:
@@ -188,11 +234,26 @@ async def test_upgrade_downgrade_upgrade(db_engine: AsyncEngine) -> None:
 
     await upgrade(db_engine, "0001")
     assert await is_current(db_engine) is False  # behind head: the store must not run yet
-    assert await table_names(db_engine) == {*TABLES, VERSION_TABLE}
+    assert await table_names(db_engine) == {*TABLES_0001, VERSION_TABLE}
     assert await index_names(db_engine) >= INDEXES_0001
     await upgrade(db_engine)
     assert await is_current(db_engine) is True
     assert not (INDEXES_0001 - INDEXES) & await index_names(db_engine)
+
+
+async def test_the_store_migrates_with_a_lock_timeout_and_progress(db_engine: AsyncEngine) -> None:
+    """``SQLStore.migrate`` takes the deploy's lock timeout and progress callback; a bad
+    timeout is refused before anything runs."""
+    store = SQLStore(db_engine)
+    with pytest.raises(ValueError, match="lock_timeout"):
+        await store.migrate(lock_timeout=0)
+    assert await current(db_engine) is None
+    lines: list[str] = []
+    await store.migrate("0001", lock_timeout=0.5, progress=lines.append)
+    assert await current(db_engine) == "0001"
+    await store.migrate(lock_timeout=0.5, progress=lines.append)
+    assert await is_current(db_engine) is True
+    assert lines == []  # quick steps go to the log only; long backfills report here
 
 
 async def test_own_version_table(db_engine: AsyncEngine) -> None:
@@ -235,7 +296,8 @@ async def test_constraint_names_and_cascade(db_engine: AsyncEngine) -> None:
     async with db_engine.connect() as conn:
         found = await conn.run_sync(reflect)
     for table, pk in found["pks"].items():
-        assert pk["name"] == f"pk_{table}"
+        # MySQL names every primary key PRIMARY (reflected as no name).
+        assert pk["name"] == (None if is_mysql(db_engine) else f"pk_{table}")
     assert found["pks"]["ds_events"]["constrained_columns"] == ["org_id", "session_id", "seq"]
     [fk] = found["fks"]
     assert fk["name"] == "fk_ds_events_org_id_session_id_ds_sessions"
@@ -265,38 +327,44 @@ async def test_concurrent_upgrades_from_two_engines(db_url: str) -> None:
 
 
 MIGRATE_SCRIPT = """
-import asyncio, sys, time
+import asyncio, sys
 from sqlalchemy.ext.asyncio import create_async_engine
-from durable_sessions.migrate import upgrade
+from durable_sessions.sql.migrate import upgrade
 
-async def main(url, start_at):
+async def main(url):
     engine = create_async_engine(url)
     try:
-        time.sleep(max(0.0, start_at - time.time()))  # start together, imports done
+        print("ready", flush=True)  # imports done: start together, when told to
+        sys.stdin.readline()
         await upgrade(engine)
     finally:
         await engine.dispose()
 
-asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+asyncio.run(main(sys.argv[1]))
 """
 
 
 @pytest.mark.slow
 async def test_concurrent_upgrades_from_three_processes(db_url: str) -> None:
-    start_at = time.time() + 3.0
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
             MIGRATE_SCRIPT,
             db_url,
-            repr(start_at),
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         for _ in range(3)
     ]
-    outputs = [await proc.communicate() for proc in procs]
+    for proc in procs:  # every one has imported what it needs
+        assert proc.stdout is not None
+        assert await asyncio.wait_for(proc.stdout.readline(), 120) == b"ready\n"
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+    outputs = await asyncio.gather(*(proc.communicate() for proc in procs))
     for proc, (_, stderr) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, stderr.decode()
 
@@ -328,9 +396,9 @@ async def run_alembic(url: str, *args: str) -> None:
 
 @pytest.mark.slow
 async def test_alembic_command_line(dialect: str, db_url: str) -> None:
-    if dialect == "postgres":
-        # A plain URL is mapped to asyncpg by env.py.
-        cli_url = make_url(db_url).set(drivername="postgresql")
+    if dialect in ("postgres", "mysql"):
+        # A plain URL is mapped to asyncpg (asyncmy) by env.py.
+        cli_url = make_url(db_url).set(drivername=make_url(db_url).get_backend_name())
         url = cli_url.render_as_string(hide_password=False)
     else:
         url = db_url
@@ -391,6 +459,9 @@ async def test_unreachable_postgres_raises_store_unavailable() -> None:
         await engine.dispose()
 
 
+# Not MySQL: its words table is written by the store, which has no schema before 0003 to
+# run on there, and 0003 fills no words of events stored earlier.
+@pytest.mark.parametrize("dialect", DIALECTS[:2])
 async def test_search_index_is_built_over_stored_events_and_dropped_by_downgrade(
     db_engine: AsyncEngine,
 ) -> None:
@@ -421,6 +492,81 @@ async def test_search_index_is_built_over_stored_events_and_dropped_by_downgrade
             await conn.exec_driver_sql(
                 "INSERT INTO ds_events_fts (ds_events_fts) VALUES ('integrity-check')"
             )
+
+
+async def memory_objects(engine: AsyncEngine) -> set[str]:
+    """The names of the memories' search objects (tables, triggers, view; index, column)."""
+    if engine.dialect.name == "sqlite":
+        sql = "SELECT name FROM sqlite_master WHERE name LIKE 'ds\\_memories\\_fts%' ESCAPE '\\'"
+    elif is_mysql(engine):  # no index of the terms there: nothing beside the table
+        return set()
+    else:
+        sql = (
+            "SELECT indexname FROM pg_indexes WHERE indexname = 'ix_ds_memories_search' "
+            "UNION ALL SELECT attname FROM pg_attribute WHERE attrelid = "
+            "to_regclass('ds_memories') AND attname = 'search_vector' AND NOT attisdropped"
+        )
+    async with engine.connect() as conn:
+        return set((await conn.execute(text(sql))).scalars())
+
+
+async def test_memories_table_and_index_come_and_go_with_revision_0010(
+    db_engine: AsyncEngine,
+) -> None:
+    await upgrade(db_engine)
+    found = await memory_objects(db_engine)
+    if db_engine.dialect.name == "sqlite":
+        assert found == SQLITE_MEMORY_OBJECTS
+    elif is_mysql(db_engine):
+        assert found == set()
+    else:
+        assert found == {PG_MEMORY_INDEX, "search_vector"}
+    store = SQLStore(db_engine)
+    await store.add_memories("org", "app", "alice", [Memory("kept in memory", id="m")])
+    assert [m.id for m in await store.search_memories("org", "app", "alice", "kept")] == ["m"]
+
+    await downgrade(db_engine, "0009")
+    assert not {"ds_memories", "ds_memory_terms"} & await table_names(db_engine)
+    assert await memory_objects(db_engine) == set()
+
+    await upgrade(db_engine)
+    assert await store.search_memories("org", "app", "alice", "kept") == []
+    await store.add_memories("org", "app", "alice", [Memory("kept again", id="m")])
+    assert [m.text for m in await store.search_memories("org", "app", "alice", "kept")] == [
+        "kept again"
+    ]
+    if db_engine.dialect.name == "sqlite":
+        async with db_engine.begin() as conn:  # the FTS5 index agrees with its content
+            await conn.exec_driver_sql(
+                "INSERT INTO ds_memories_fts (ds_memories_fts) VALUES ('integrity-check')"
+            )
+
+
+async def test_revision_0013_counts_the_memories_already_stored(db_engine: AsyncEngine) -> None:
+    await upgrade(db_engine, "0012")
+    texts = ["the hotel in Porto", "the flight to Porto", "a hotel", "the end"]
+    stamp = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    async with db_engine.begin() as conn:
+        for user in ("ada", "bob"):
+            for n, body in enumerate(texts):
+                await conn.execute(
+                    memories.insert().values(
+                        org_id="org", app_name="app", user_id=user, id=f"m{n}",
+                        timestamp=stamp + timedelta(minutes=n), text=body, content=None,
+                        metadata={}, session_id=None, seq=None,
+                        terms=stored_terms("org", "app", user, body),
+                    )
+                )  # fmt: skip
+    await upgrade(db_engine)
+    store, reference = SQLStore(db_engine), InMemoryStore()
+    same = [
+        Memory(t, id=f"m{n}", timestamp=stamp + timedelta(minutes=n)) for n, t in enumerate(texts)
+    ]
+    await reference.add_memories("org", "app", "ada", same)
+    for query in ("hotel porto", "the", "flight end"):
+        found = await store.search_memories("org", "app", "ada", query)
+        expected = await reference.search_memories("org", "app", "ada", query)
+        assert [m.id for m in found] == [m.id for m in expected], query
 
 
 # Contents of every JSON shape, some whose text jsonb rewrites (key order, spacing of
@@ -532,6 +678,17 @@ async def test_the_collation_revision_leaves_a_citus_distribution_column_alone(
         await upgrade(engine)
         fixed = {("ds_sessions", "org_id"), ("ds_events", "org_id")}
         after = await collations()
+        # Revision 0010's table is new: its id columns take the C collation from the start.
+        memories = {c: v for (t, c), v in after.items() if t == "ds_memories"}
+        assert memories == {c: "C" for c in memories} | {"text": None, "terms": None}
+        # Revision 0011's table likewise: its id columns C, the key material text.
+        keys = {c: v for (t, c), v in after.items() if t == "ds_keys"}
+        assert keys == {c: "C" for c in keys} | {"master_id": None, "wrapped": None}
+        # Revision 0013's table likewise: its id columns C, the term text.
+        terms = {c: v for (t, c), v in after.items() if t == "ds_memory_terms"}
+        assert terms == {c: "C" for c in terms} | {"term": None}
+        new = ("ds_memories", "ds_keys", "ds_memory_terms")
+        after = {k: v for k, v in after.items() if k[0] not in new}
         assert after.keys() == before.keys()
         assert {k for k, v in after.items() if v is None} == fixed
         assert {v for k, v in after.items() if k not in fixed} == {"C"}
@@ -564,13 +721,14 @@ async def _generated(engine: AsyncEngine) -> str:
 async def test_revision_0008_keeps_the_vectors_and_the_writes_send_them(
     fresh_pg_url: Callable[[], str],
 ) -> None:
-    """0008 makes the search vector a plain column (no vector is recomputed); the store's
-    writes then send each event's vector (checked with the trigger off), the trigger fills
-    one for a writer that sends none (a store that looked at 0007, raw SQL), and a store
-    that sends them after a downgrade looks again and writes as the older schema wants."""
+    """0008 makes the search vector of a database at 0007 as released (a generated column)
+    a plain column (no vector is recomputed); the store's writes then send each event's
+    vector (checked with the trigger off), the trigger fills one for a writer that sends
+    none (a store that looked at 0007, raw SQL); a downgrade keeps the plain column and its
+    trigger (0007's online form), and the store writes and searches on."""
     engine = create_async_engine(fresh_pg_url())
     try:
-        await upgrade(engine, "0007")
+        await upgrade_released(engine, "0007")
         older = SQLStore(engine)  # looks at 0007: a generated column, it sends nothing
         await Manager(older).create("org", "u", id="s")
         await older.append_event("org", "s", Event("user", content={"text": "Stored BEFORE"}))
@@ -606,12 +764,13 @@ async def test_revision_0008_keeps_the_vectors_and_the_writes_send_them(
         assert len(await store.search("org", "stored")) == 2  # the parent's and the fork's
 
         await downgrade(engine, "0007")
-        assert await _generated(engine) == "s"
+        assert await _generated(engine) == ""
         assert await _vectors(engine) == vectors
         await store.append_event("org", "s", Event("user", content={"text": "after DOWN"}))
         await store.append_events("org", "s", [Event("user", content="down batch")])
         assert store.distributed is False
         assert [h.event.seq for h in await store.search("org", "down")] == [7, 6]
+        assert all(same for _, same in (await _vectors(engine)).values())
 
         await upgrade(engine)
         await store.append_event("org", "s", Event("user", content={"text": "up again"}))

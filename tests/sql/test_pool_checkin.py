@@ -24,9 +24,9 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from durable_sessions import Event, Session, SessionNotFoundError, SQLStore
 from durable_sessions.sql import _private, runner
-from support.sql import SQL_BACKENDS, run_through_dbapi
+from support.sql import STORE_SQL_BACKENDS, run_through_dbapi
 
-pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
+pytestmark = pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 
 
 @pytest.fixture
@@ -274,7 +274,7 @@ async def test_a_checkout_that_may_reach_the_driver_goes_through_a_greenlet(
             if case == "invalidated":
                 await conn.invalidate()
             else:
-                runner.invalidate_pool(engine.sync_engine.pool, conn.sync_connection, Exception())
+                _private.invalidate_pool(engine.sync_engine.pool, conn.sync_connection, Exception())
     spawned = record_spawns(monkeypatch)
     await every_kind_of_operation(store)
     assert "connect" in spawned
@@ -290,61 +290,50 @@ async def burst(store: SQLStore, sid: str, tasks: int) -> None:
     await asyncio.gather(*(store.get("o", sid) for _ in range(tasks)))
 
 
-async def used_in_turn(store: SQLStore, engine: AsyncEngine, operations: int) -> list[int]:
-    """The connection each of ``operations`` sequential operations was lent, in order."""
+def record_checkins(engine: AsyncEngine) -> list[int]:
+    """The connections returned to the engine's pool from now on, in order (by identity)."""
     returned: list[int] = []
-
-    def on_checkin(conn: Any, rec: Any) -> None:
-        returned.append(id(conn))
-
-    event.listen(engine.sync_engine.pool, "checkin", on_checkin)
-    for _ in range(operations):
-        await every_kind_of_operation(store)
-    event.remove(engine.sync_engine.pool, "checkin", on_checkin)
+    event.listen(engine.sync_engine.pool, "checkin", lambda conn, rec: returned.append(id(conn)))
     return returned
 
 
-@pytest.mark.parametrize("pool", ["fifo", "lifo", "pre_ping"])
-async def test_one_task_after_a_burst_keeps_to_the_connection_it_last_returned(
-    make_engine: Callable[..., Any], pool: str
-) -> None:
-    """After a burst has opened several connections, a task running one operation after
-    another gets the connection it returned last every time, not each idle one in turn
-    (a FIFO pool's own order, which leaves each connection cold by the time it comes
-    round), also where the pool pre-pings it; the other connections stay open and idle in
-    the pool."""
-    options = {"lifo": {"pool_use_lifo": True}, "pre_ping": {"pool_pre_ping": True}}
-    engine, opened = await make_engine(pool_size=4, **options.get(pool, {}))
+async def reads_after_a_burst(make_engine: Callable[..., Any], **options: Any) -> list[int]:
+    """After a burst of 4 reads has opened 4 connections, 12 reads one after another: every
+    connection returned, the burst's 4 first, in the order the pool got them back."""
+    engine, opened = await make_engine(pool_size=4, **options)
     store = SQLStore(engine)
     sid = f"pool-{uuid.uuid4().hex}"
     await store.create(Session(org_id="o", id=sid, app_name="a", user_id="u"))
-    await burst(store, sid, 4)
-    assert len(opened) == 4
-    returned = await used_in_turn(store, engine, 3)
-    assert len(returned) >= 15  # every operation's connection came back
-    assert len(set(returned)) == 1, "one task cycled through the pool"
-    assert len(opened) == 4
-    assert engine.sync_engine.pool.checkedin() == 4
-
-
-async def test_idle_connections_still_get_their_turn_in_a_fifo_pool(
-    make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """In a FIFO pool (SQLAlchemy's default order) a connection left idle for
-    ``REVISIT_AFTER`` seconds, or never returned by the runner, is lent again before the
-    warm one: each keeps being used, as in the pool's own order, instead of sitting idle
-    until a server or a proxy drops it."""
-    monkeypatch.setattr(_private, "REVISIT_AFTER", 1.0)
-    engine, opened = await make_engine(pool_size=4)
-    store = SQLStore(engine)
-    if len(opened) == 1:  # SQLite's first engine migrated the database
+    if len(opened) > 1:  # start from an empty pool: only the burst's connections in it
         await engine.dispose()
-        opened.clear()
-    async with engine.connect(), engine.connect(), engine.connect():
-        pass  # opened and returned by the pool's own users, never by the runner
-    assert len(opened) == 3
-    assert len(set(await used_in_turn(store, engine, 4))) == 3  # each got a turn
-    assert len(set(await used_in_turn(store, engine, 4))) == 1  # then the warm one only
-    await asyncio.sleep(1.2)
-    assert len(set(await used_in_turn(store, engine, 4))) == 3  # due again: each one
-    assert len(opened) == 3
+    returned = record_checkins(engine)
+    await burst(store, sid, 4)
+    assert len(set(returned)) == 4
+    for _ in range(12):
+        await store.get("o", sid)
+    assert engine.sync_engine.pool.checkedin() == 4
+    return returned
+
+
+@pytest.mark.parametrize("options", [{}, {"pool_pre_ping": True}], ids=["plain", "pre_ping"])
+async def test_a_fifo_pool_lends_its_connections_in_its_own_order(
+    make_engine: Callable[..., Any], options: dict[str, Any]
+) -> None:
+    """SQLAlchemy's default pool (FIFO) lends the connection idle longest: the store keeps
+    to that order (it never reorders the pool's queue), whether it takes a connection in
+    plain calls or, with a pre-ping, through the pool's checkout in a greenlet. One task
+    reading after a burst thus goes round every connection the burst left."""
+    returned = await reads_after_a_burst(make_engine, **options)
+    first = returned[:4]
+    assert returned[4:] == first * 3
+
+
+@pytest.mark.parametrize("options", [{}, {"pool_pre_ping": True}], ids=["plain", "pre_ping"])
+async def test_with_pool_use_lifo_one_task_keeps_to_one_connection(
+    make_engine: Callable[..., Any], options: dict[str, Any]
+) -> None:
+    """A LIFO pool (``pool_use_lifo=True``, the documented way to keep one warm connection)
+    lends the connection returned last: one task reading after a burst keeps to the one it
+    returned, and the others stay open and idle in the pool."""
+    returned = await reads_after_a_burst(make_engine, pool_use_lifo=True, **options)
+    assert set(returned[4:]) == {returned[3]}

@@ -14,6 +14,16 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import pytest
+
+pytest.importorskip(
+    "opentelemetry.instrumentation.sqlalchemy",
+    reason="OpenTelemetry's instrumentations (the test group) are not installed",
+)
+pytest.importorskip(
+    "opentelemetry.instrumentation.asyncpg",
+    reason="OpenTelemetry's instrumentations (the test group) are not installed",
+)
+
 import sqlalchemy
 from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
 from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
@@ -25,11 +35,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from durable_sessions import Event, Filter, Manager, SessionService, SQLStore, StoreError
 from durable_sessions.sql.transfer import export_jsonl, import_jsonl
-from support.sql import SQL_BACKENDS, data_statements, statements
+from support.sql import STORE_SQL_BACKENDS, data_statements, statements
 
 T = TypeVar("T")
 
-pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
+pytestmark = pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 
 
 SQLALCHEMY_SCOPE = "opentelemetry.instrumentation.sqlalchemy"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from durable_sessions import Event, Filter, Manager, Session, SQLStore
+from durable_sessions import Event, Filter, Manager, Memory, Session, SQLStore
 from durable_sessions.cli import main
 from durable_sessions.sql import transfer
 from durable_sessions.sql.schema import app_state, sessions, user_state
@@ -27,9 +27,9 @@ from durable_sessions.sql.transfer import (
 )
 from durable_sessions.state import MAX_ID_BYTES, MAX_KEY_BYTES
 from support.memory import run_measured
-from support.sql import SQL_BACKENDS, snapshot, statements
+from support.sql import STORE_SQL_BACKENDS, mysql_plan, snapshot, statements
 
-pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
+pytestmark = pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 
 
 async def fill(store: SQLStore) -> None:
@@ -39,6 +39,21 @@ async def fill(store: SQLStore) -> None:
         await manager.append_event(session, Event("user", {"text": "hi"}, tokens=3))
         await manager.append_event(session, Event("bot", {"text": "yo"}, state_delta={"app:a": 2}))
         await manager.fork(org, "s", with_events=True)
+        await store.add_memories(
+            org,
+            "app",
+            "u",
+            [
+                Memory("the hotel is in Porto", id="m1", session_id="s", seq=2),
+                Memory(
+                    "私の名前は太郎です",
+                    id="m2",
+                    content={"parts": [{"text": "私の名前は太郎です"}]},
+                    author="user",
+                    metadata={"source": "intake", "n": 1.0},
+                ),
+            ],
+        )
 
 
 async def export(store: SQLStore) -> bytes:
@@ -63,9 +78,16 @@ async def test_export_then_import_round_trips_byte_for_byte(engine: AsyncEngine)
         await manager.delete_user(org, "u")
     async with engine.begin() as conn:
         await conn.exec_driver_sql("DELETE FROM ds_app_state")
+    assert await source.search_memories("o1", "app", "u", "porto") == []
     counts = await import_jsonl(source, io.BytesIO(data))
-    assert (counts.sessions, counts.events) == (4, 8)
+    assert (counts.sessions, counts.events, counts.memories) == (4, 8, 4)
     assert await export(source) == data
+    # Imported memories are searchable (their terms computed again), per tenant.
+    (hotel,) = await source.search_memories("o1", "app", "u", "hotel")
+    assert (hotel.id, hotel.session_id, hotel.seq) == ("m1", "s", 2)
+    (taro,) = await source.search_memories("o2", "app", "u", "太郎")
+    assert taro.metadata == {"source": "intake", "n": 1.0}
+    assert taro.content == {"parts": [{"text": "私の名前は太郎です"}]}
     restored = await source.get_with_events("o1", "s")
     assert restored.state == {"k": 1, "user:u": [1.0], "app:a": 2}
     assert [e.content for e in restored.events] == [{"text": "hi"}, {"text": "yo"}]
@@ -84,12 +106,42 @@ async def test_a_bad_line_names_itself_and_writes_nothing(engine: AsyncEngine) -
     await fill(store)
     data = (await export(store)).splitlines(keepends=True)
     async with engine.begin() as conn:
-        for table in ("ds_events", "ds_sessions", "ds_user_state", "ds_app_state"):
+        for table in (
+            "ds_events", "ds_sessions", "ds_user_state", "ds_app_state", "ds_memories",
+            "ds_memory_terms",
+        ):  # fmt: skip
             await conn.exec_driver_sql(f"DELETE FROM {table}")
     broken = [*data[:3], b'{"type": "session", "id": 1}\n', *data[3:]]
     with pytest.raises(ImportLineError, match="line 4"):
         await import_jsonl(store, io.BytesIO(b"".join(broken)))
     assert await count_sessions(store) == 0
+    last = len(data)
+    memory = json.loads(data[-1])
+    assert memory["type"] == "memory"
+    for field, value, reason in [
+        ("text", None, "must be a string"),
+        ("text", "nul \u0000", "NUL"),
+        ("metadata", [], "must be a JSON object"),
+        ("seq", -1, "non-negative"),
+        ("author", "", None),  # an empty author is allowed, as an event's
+    ]:
+        bad = dumps({**memory, field: value}).encode() + b"\n"
+        if reason is None:
+            await import_jsonl(store, io.BytesIO(b"".join([*data[:-1], bad])))
+            for org in ("o1", "o2"):  # empty again
+                await Manager(store).delete_user(org, "u")
+                for session in await Manager(store).list(Filter(org)):
+                    await Manager(store).delete(org, session.id)
+            async with engine.begin() as conn:
+                await conn.exec_driver_sql("DELETE FROM ds_app_state")
+            continue
+        with pytest.raises(ImportLineError, match=f"line {last}: memory field '{field}'.*{reason}"):
+            await import_jsonl(store, io.BytesIO(b"".join([*data[:-1], bad])))
+        assert await count_sessions(store) == 0
+        assert await store.search_memories("o1", "app", "u", "porto") == []
+    twice = [*data, data[-1]]
+    with pytest.raises(ImportLineError, match=f"line {last + 1}: memory 'm2'.*already exists"):
+        await import_jsonl(store, io.BytesIO(b"".join(twice)))
 
 
 async def test_importing_over_existing_sessions_is_refused_whole(engine: AsyncEngine) -> None:
@@ -195,8 +247,12 @@ async def test_export_pages_read_the_primary_key_in_order(engine: AsyncEngine) -
     store = SQLStore(engine)
     await import_jsonl(store, io.BytesIO(bulk_export(5000, 5000)))
     pg = engine.dialect.name == "postgresql"
+    mysql = engine.dialect.name in ("mysql", "mariadb")
     async with engine.connect() as conn:
-        await conn.exec_driver_sql("ANALYZE")
+        if mysql:
+            await conn.exec_driver_sql("ANALYZE TABLE ds_sessions, ds_user_state, ds_app_state")
+        else:
+            await conn.exec_driver_sql("ANALYZE")
         for table, after in (
             (sessions, ("o0", "s002500")),
             (user_state, ("o0", "a", "u2500", "k")),
@@ -205,6 +261,13 @@ async def test_export_pages_read_the_primary_key_in_order(engine: AsyncEngine) -
             first, following = page_queries(table, engine.dialect.name)
             names = [f"after_{col.name}" for col in table.primary_key.columns]
             for query in (first, following.params(dict(zip(names, after, strict=True)))):
+                if mysql:
+                    compiled = query.compile(dialect=conn.dialect)
+                    params = tuple(compiled.construct_params()[n] for n in compiled.positiontup)
+                    (read,) = await mysql_plan(engine, str(compiled), params)
+                    assert (read["table"], read["key"]) == (table.name, "PRIMARY"), read
+                    assert "filesort" not in (read["Extra"] or ""), read
+                    continue
                 sql = query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
                 explain = "EXPLAIN " if pg else "EXPLAIN QUERY PLAN "
                 plan = "\n".join(

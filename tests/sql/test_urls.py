@@ -13,7 +13,7 @@ from sqlalchemy import make_url
 
 from durable_sessions import InvalidArgumentError, Manager, SQLStore
 from durable_sessions.cli import main
-from durable_sessions.urls import async_url, sqlite_file
+from durable_sessions.sql.urls import async_url, sqlite_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def test_plain_urls_get_their_async_driver(given: str, expected: str) -> None:
     ("given", "message"),
     [
         ("::not a url s3cret", "the database URL is not valid"),
-        ("mysql://ada:s3cret@db/x", "unsupported database URL scheme 'mysql'"),
+        ("mssql://ada:s3cret@db/x", "unsupported database URL scheme 'mssql'"),
         ("postgresql+psycopg://ada:s3cret@db/x", "unsupported database URL scheme"),
     ],
 )
@@ -107,11 +107,11 @@ def test_alembic_without_a_url_is_one_line_saying_what_to_set(tmp_path: Path) ->
 
 
 def test_alembic_with_a_bad_url_is_one_line_without_the_password(tmp_path: Path) -> None:
-    done = _alembic(tmp_path, "mysql://ada:s3cret@db/x")
+    done = _alembic(tmp_path, "mssql://ada:s3cret@db/x")
     assert done.returncode != 0
     output = (done.stdout + done.stderr).strip().splitlines()
     assert len(output) == 1, output
-    assert "unsupported database URL scheme 'mysql'" in output[0]
+    assert "unsupported database URL scheme 'mssql'" in output[0]
     assert "s3cret" not in output[0]
 
 

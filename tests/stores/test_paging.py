@@ -29,8 +29,9 @@ from durable_sessions import (
 from durable_sessions.model import utcnow
 from durable_sessions.sql.schema import sessions
 from support.sql import (
-    SQL_BACKENDS,
+    STORE_SQL_BACKENDS,
     index_scans,
+    mysql_plan,
     pg_plan,
     sqlite_plan,
     statements,
@@ -57,6 +58,8 @@ async def _many_sessions(engine: AsyncEngine, n: int = N) -> None:
         await conn.execute(sessions.insert(), rows)
         if engine.dialect.name == "postgresql":
             await conn.exec_driver_sql("ANALYZE ds_sessions")
+        elif engine.dialect.name in ("mysql", "mariadb"):
+            await conn.exec_driver_sql("ANALYZE TABLE ds_sessions")
 
 
 async def _walk(store: Store, filter: Filter) -> list[Page]:
@@ -66,7 +69,7 @@ async def _walk(store: Store, filter: Filter) -> list[Page]:
     return pages
 
 
-@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 @pytest.mark.parametrize(
     ("user", "index"),
     [(None, "ix_ds_sessions_org_updated"), ("alice", "ix_ds_sessions_user_org_updated")],
@@ -95,6 +98,15 @@ async def test_a_deep_page_is_one_index_range_that_reads_only_its_rows(
         assert scans[0]["Actual Rows"] <= 21  # the page and one more: is there a next?
         assert "updated_at" in scans[0].get("Index Cond", ""), scans[0]
         assert not [n for n in nodes if n["Node Type"] in ("Sort", "Seq Scan")]
+    elif backend == "mysql":
+        (read,) = await mysql_plan(engine, sql, params)
+        assert (read["table"], read["key"]) == ("ds_sessions", index), str(read)
+        assert "filesort" not in (read["Extra"] or ""), read
+        # The organisation's listing is a range from the position. One user's, MariaDB
+        # 10.11 reads along the user's entry of the index (ref), newest first, up to the
+        # position: not checked here.
+        if user is None:
+            assert read["type"] == "range", str(read)
     else:
         details = await sqlite_plan(engine, sql, params)
         assert f"USING INDEX {index}" in details, details
@@ -102,7 +114,7 @@ async def test_a_deep_page_is_one_index_range_that_reads_only_its_rows(
         assert "TEMP B-TREE" not in details, details
 
 
-@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 async def test_walking_every_page_returns_list_once_including_ties(
     backend: str, engine: AsyncEngine
 ) -> None:

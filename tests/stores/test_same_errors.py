@@ -59,6 +59,9 @@ BAD_CALLS: dict[str, Call] = {
         "o", "s", Event("a", state_delta={"k": float("nan")})
     ),
     "append_event: bad tokens": lambda s: s.append_event("o", "s", Event("a", tokens=-1)),
+    "append_event: naive timestamp": lambda s: s.append_event(
+        "o", "s", Event("a", timestamp=NAIVE)
+    ),
     "pop_event: empty org": lambda s: s.pop_event("", "s"),
     "pop_event: id too long": lambda s: s.pop_event("o", LONG),
     "pop_event: bad expected_version": lambda s: s.pop_event(
@@ -84,11 +87,10 @@ BAD_CALLS: dict[str, Call] = {
 
 
 @pytest.fixture
-async def stores(sqlite_url: str, migrated_pg_url: str) -> AsyncIterator[dict[str, Store]]:
+async def stores(migrated_sqlite_url: str, migrated_pg_url: str) -> AsyncIterator[dict[str, Store]]:
     """One store of each kind, side by side."""
-    sqlite = create_async_engine(sqlite_url)
+    sqlite = create_async_engine(migrated_sqlite_url)
     postgres = create_async_engine(migrated_pg_url)
-    await SQLStore(sqlite).migrate()
     yield {
         "memory": InMemoryStore(),
         "sqlite": SQLStore(sqlite),
@@ -113,3 +115,20 @@ async def test_every_store_refuses_a_bad_call_alike(stores: dict[str, Store], na
     assert got["memory"][0] not in ("StoreError", "StoreUnavailableError"), got
     assert got["sqlite"] == got["memory"], got
     assert got["postgres"] == got["memory"], got
+
+
+NAMED = {
+    "append_event: naive timestamp": "event timestamp must be timezone-aware",
+    "list_events: naive after": "after must be timezone-aware",
+    "append_event: bad tokens": "event tokens",
+    "touch: bad messages": "messages",
+    "fork: empty child id": "new_session_id",
+}
+"""What the message of some bad calls starts with or holds: the argument that is wrong."""
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+async def test_the_error_names_the_argument_that_is_wrong(name: str) -> None:
+    kind, message = await outcome(BAD_CALLS[name], InMemoryStore())
+    assert kind == "InvalidArgumentError", (kind, message)
+    assert NAMED[name] in message, message

@@ -10,6 +10,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+pytest.importorskip("hypothesis", reason="hypothesis (the test group) is not installed")
+
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
@@ -18,7 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from durable_sessions import Event, InMemoryStore, Manager, SQLStore, Store, fulltext
 from support.revisions import load_revision
 from support.sql import (
-    SQL_BACKENDS,
+    STORE_SQL_BACKENDS,
+    mysql_plan,
     pg_plan,
     sqlite_plan,
     statements,
@@ -164,7 +168,7 @@ VOCABULARY = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", ["memory", *SQL_BACKENDS])
+@pytest.mark.parametrize("backend", ["memory", *STORE_SQL_BACKENDS])
 async def test_every_store_gives_the_memory_stores_answers(store: Store) -> None:
     memory = InMemoryStore()
     rng = random.Random(14)
@@ -202,7 +206,7 @@ async def test_every_store_gives_the_memory_stores_answers(store: Store) -> None
             ], (query, kwargs)
 
 
-@pytest.mark.parametrize("backend", ["memory", *SQL_BACKENDS])
+@pytest.mark.parametrize("backend", ["memory", *STORE_SQL_BACKENDS])
 async def test_only_the_first_200000_characters_are_searched(store: Store) -> None:
     session = await Manager(store).create("org", "alice", id="big")
     big = "early " + "x " * 99_994 + "edge  late"  # "late" starts at character 200,000
@@ -212,7 +216,7 @@ async def test_only_the_first_200000_characters_are_searched(store: Store) -> No
     assert await store.search("org", "late") == []
 
 
-@pytest.mark.parametrize("backend", ["memory", *SQL_BACKENDS])
+@pytest.mark.parametrize("backend", ["memory", *STORE_SQL_BACKENDS])
 async def test_occurrences_are_counted_past_what_positions_hold(store: Store) -> None:
     """Postgres keeps at most 256 positions of a word and none past the 16,383rd word;
     such events are counted from their content, so they rank as everywhere else."""
@@ -228,7 +232,7 @@ async def test_occurrences_are_counted_past_what_positions_hold(store: Store) ->
     assert [h.event.seq for h in await store.search("org", "x")] == [1, 2, 4, 3]
 
 
-@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 async def test_huge_and_odd_contents_are_stored_and_searched(engine: AsyncEngine) -> None:
     """Contents past what one tsvector holds, words longer than any index entry, quotes
     and escapes: every append lands, and search reads what it can."""
@@ -249,7 +253,7 @@ async def test_huge_and_odd_contents_are_stored_and_searched(engine: AsyncEngine
 # -- the index each dialect reads -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 async def test_search_is_one_statement_served_by_the_full_text_index(
     backend: str, engine: AsyncEngine
 ) -> None:
@@ -271,6 +275,10 @@ async def test_search_is_one_statement_served_by_the_full_text_index(
         # A small table: make every scan look dear.
         nodes = await pg_plan(engine, sql, params, settings=["SET enable_seqscan = off"])
         assert [n["Index Name"] for n in nodes if "Index Name" in n] == ["ix_ds_events_search"]
+    elif backend == "mysql":
+        reads = {read["table"]: read for read in await mysql_plan(engine, sql, params)}
+        assert reads["ds_event_words"]["key"] == "PRIMARY", reads
+        assert reads["ds_events"]["key"] == "PRIMARY", reads
     else:
         details = await sqlite_plan(engine, sql, params)
         assert "SCAN ds_events_fts VIRTUAL TABLE INDEX" in details, details

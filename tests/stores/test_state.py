@@ -7,6 +7,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+
+pytest.importorskip("hypothesis", reason="hypothesis (the test group) is not installed")
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -28,12 +28,13 @@ class TestMine(StoreContract):
 '''
 
 
-def run_suite(tmp_path: Path, store: str) -> subprocess.CompletedProcess[str]:
+def run_suite(tmp_path: Path, store: str, *options: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_mine.py").write_text(THIRD_PARTY_TESTS.format(store=store))
     # Strict mode: the suite must carry its own asyncio mark, not rely on the caller's config.
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
-         "asyncio_mode=strict", "--rootdir", str(tmp_path), str(tmp_path / "test_mine.py")],
+         "asyncio_mode=strict", "--rootdir", str(tmp_path), *options,
+         str(tmp_path / "test_mine.py")],
         capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
     )  # fmt: skip
 
@@ -48,6 +49,6 @@ def test_a_store_author_runs_the_contract_on_their_store(tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_the_contract_catches_a_store_that_breaks_it(tmp_path: Path) -> None:
-    result = run_suite(tmp_path, "ForgetfulStore")
+    result = run_suite(tmp_path, "ForgetfulStore", "-x")  # one failure is the answer
     assert result.returncode == 1, result.stdout + result.stderr
     assert "failed" in result.stdout

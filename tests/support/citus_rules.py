@@ -31,7 +31,7 @@ from sqlalchemy.sql.elements import BinaryExpression, BindParameter, BooleanClau
 from sqlalchemy.sql.schema import Column
 from sqlalchemy.sql.selectable import CTE, Join, Select
 
-from durable_sessions.sql.citus import DistributedStatements
+from durable_sessions.sql.dialects.citus.programs import DistributedStatements
 from durable_sessions.sql.schema import metadata
 from durable_sessions.sql.statements import Statements
 

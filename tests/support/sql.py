@@ -17,6 +17,11 @@ SQL_BACKENDS = [
     pytest.param("sqlite", marks=pytest.mark.sqlite),
     pytest.param("postgres", marks=pytest.mark.postgres),
 ]
+MYSQL = pytest.param("mysql", marks=pytest.mark.mysql)
+"""MariaDB (or MySQL) through asyncmy: a database of the server named by
+``DURABLE_SESSIONS_TEST_MYSQL_URL``."""
+STORE_SQL_BACKENDS = [*SQL_BACKENDS, MYSQL]
+"""The SQL backends of the store tests (``tests/stores/``), MySQL among them."""
 PG_DISTRIBUTED = pytest.param("postgres-distributed", marks=pytest.mark.postgres_distributed)
 """Postgres in distributed mode (Citus's shape: stepwise writes), forced on plain Postgres:
 its database has ``durable_sessions.distributed = on``, so every store on it runs so."""
@@ -86,6 +91,14 @@ async def sqlite_plan(engine: AsyncEngine, sql: str, params: Any = None) -> str:
     return " | ".join(str(row[-1]) for row in rows)
 
 
+async def mysql_plan(engine: AsyncEngine, sql: str, params: Any = None) -> list[dict[str, Any]]:
+    """MySQL's ``EXPLAIN`` of one statement: a dict per table read (``table``, ``type``,
+    ``key``, ``Extra``, ...), in the order of the plan."""
+    async with engine.connect() as conn:
+        result = await conn.exec_driver_sql(f"EXPLAIN {sql}", params)
+        return [dict(row._mapping) for row in result]
+
+
 async def snapshot(engine: AsyncEngine) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table, in primary-key order: equal snapshots mean nothing changed."""
     out: dict[str, list[tuple[Any, ...]]] = {}
@@ -113,6 +126,26 @@ async def raw_pg(url: str) -> AsyncIterator[Any]:
         yield conn
     finally:
         await conn.close()
+
+
+@asynccontextmanager
+async def raw_mysql(url: str) -> AsyncIterator[Any]:
+    """A plain asyncmy connection (autocommit) to the server named by a SQLAlchemy URL."""
+    import asyncmy  # type: ignore[import-untyped]
+
+    u = make_url(url)
+    conn = await asyncmy.connect(
+        host=u.host or "127.0.0.1",
+        port=u.port or 3306,
+        user=u.username or "root",
+        password=u.password or "",
+        database=u.database,
+        autocommit=True,
+    )
+    try:
+        yield conn
+    finally:
+        conn.close()
 
 
 def run_through_dbapi(dbapi_connection: Any, *sql: str) -> Any:

@@ -2,9 +2,10 @@
 
 Creates a fresh virtual environment in a temporary directory, installs the wheel (not
 editable) with its ``sqlite`` extra, and from inside that temporary directory runs code that
-imports ``durable_sessions.migrate`` from the installed package, upgrades a new SQLite file
+imports ``durable_sessions.sql.migrate`` from the installed package, upgrades a new SQLite file
 and checks the result. A wheel without its bundled migrations, or one that still needs the
-checkout, fails here.
+checkout, fails here; so does one without the repository's LICENSE (byte for byte) among its
+licence files, or without the project's URLs in its metadata.
 
 Usage::
 
@@ -17,11 +18,13 @@ prefix); the nox session ``wheel`` builds a wheel and runs this script on it.
 from __future__ import annotations
 
 import argparse
+import email.parser
 import os
 import subprocess
 import sys
 import tempfile
 import venv
+import zipfile
 from pathlib import Path
 
 CHECK = r"""
@@ -33,11 +36,19 @@ import durable_sessions
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from durable_sessions.migrate import current, head, is_current, script_location, upgrade
+from durable_sessions.sql.migrate import current, head, is_current, script_location, upgrade
 
-TABLES = {"ds_sessions", "ds_user_state", "ds_app_state", "ds_events"}
-# SQLite's full-text index of events (revision 0003): an FTS5 table and its shadow tables.
-FTS = "ds_events_fts"
+TABLES = {
+    "ds_sessions",
+    "ds_user_state",
+    "ds_app_state",
+    "ds_events",
+    "ds_keys",
+    "ds_memories",
+    "ds_memory_terms",
+}
+# SQLite's full-text indexes of events and memories: FTS5 tables and their shadow tables.
+FTS = ("ds_events_fts", "ds_memories_fts")
 VERSION_TABLE = "durable_sessions_alembic_version"
 
 package = Path(durable_sessions.__file__).resolve().parent
@@ -45,6 +56,9 @@ assert "site-packages" in package.parts, f"imported from {package}, not the inst
 migrations = Path(script_location())
 assert migrations == package / "migrations", f"migrations found at {migrations}"
 assert (migrations / "env.py").is_file(), "env.py missing from the wheel"
+# The web viewer's templates and stylesheet, read from the package directory at run time.
+for name in ("templates/base.html", "templates/session.html", "static/viewer.css"):
+    assert (package / "web" / name).is_file(), f"web/{name} missing from the wheel"
 
 
 async def main(db: str) -> None:
@@ -58,7 +72,7 @@ async def main(db: str) -> None:
             names = set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
         extra = names - TABLES - {VERSION_TABLE}
         assert TABLES | {VERSION_TABLE} <= names, f"missing tables: {sorted(names)}"
-        assert FTS in extra, f"no full-text table: {sorted(names)}"
+        assert set(FTS) <= extra, f"no full-text table: {sorted(names)}"
         assert all(n.startswith(FTS) for n in extra), f"unexpected tables: {sorted(names)}"
     finally:
         await engine.dispose()
@@ -97,6 +111,35 @@ def venv_python(env_dir: Path) -> Path:
     return env_dir / "bin" / "python"
 
 
+def check_licence(wheel: Path) -> str | None:
+    """Return what is wrong with the wheel's licence and metadata, or None.
+
+    The wheel must carry the repository's LICENSE, byte for byte, as a licence file of its
+    metadata, and name it (``License-File``) beside the SPDX expression and the project's
+    documentation, changelog and source URLs.
+    """
+    expected = (REPO_ROOT / "LICENSE").read_bytes()
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        licences = [n for n in names if ".dist-info/licenses/" in n]
+        metadata_name = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
+        if metadata_name is None:
+            return "no METADATA in the wheel"
+        metadata = email.parser.Parser().parsestr(archive.read(metadata_name).decode())
+        if [n.rsplit("/", 1)[1] for n in licences] != ["LICENSE"]:
+            return f"licence files in the wheel: {licences}, expected one LICENSE"
+        if archive.read(licences[0]) != expected:
+            return "the wheel's LICENSE differs from the repository's"
+    if metadata.get("License-Expression") != "Apache-2.0":
+        return f"License-Expression is {metadata.get('License-Expression')!r}"
+    if metadata.get_all("License-File") != ["LICENSE"]:
+        return f"License-File is {metadata.get_all('License-File')!r}"
+    urls = {u.split(",", 1)[0] for u in metadata.get_all("Project-URL") or []}
+    if not {"Documentation", "Changelog", "Source"} <= urls:
+        return f"Project-URL names {sorted(urls)}"
+    return None
+
+
 def check_wheel(wheel: Path) -> int:
     """Install ``wheel`` into a fresh venv and migrate a SQLite file with it.
 
@@ -104,8 +147,14 @@ def check_wheel(wheel: Path) -> int:
         wheel: The built ``.whl`` file.
 
     Returns:
-        The exit status: 0 when the installed wheel migrated the database.
+        The exit status: 0 when the wheel carries its licence and the installed wheel
+        migrated the database.
     """
+    problem = check_licence(wheel)
+    if problem is not None:
+        print(f"FAILED: {problem}", file=sys.stderr)
+        return 1
+    print("licence and project URLs: ok", flush=True)
     with tempfile.TemporaryDirectory(prefix="ds-wheel-check-", dir=temp_base()) as tmp:
         workdir = Path(tmp)
         if workdir.is_relative_to(REPO_ROOT):

@@ -1,4 +1,4 @@
-"""state.loads_json: json.loads' value (types included) or its error, decoded by orjson
+"""jsoncodec.loads_json: json.loads' value (types included) or its error, decoded by orjson
 where orjson reads the text alike; what orjson reads otherwise goes to json.loads."""
 
 from __future__ import annotations
@@ -7,13 +7,17 @@ import json
 import math
 from typing import Any
 
-import orjson  # the test group installs it: the fast path is what these tests exercise
 import pytest
+
+pytest.importorskip("orjson", reason="orjson (the openai-agents extra) is not installed")
+pytest.importorskip("hypothesis", reason="hypothesis (the test group) is not installed")
+
+import orjson  # the test group installs it: the fast path is what these tests exercise
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from durable_sessions import state
-from durable_sessions.state import loads_json
+from durable_sessions import jsoncodec
+from durable_sessions.jsoncodec import loads_json
 from support.json_values import same, values
 
 
@@ -108,7 +112,7 @@ def test_orjson_decodes_documents_it_reads_alike(monkeypatch: pytest.MonkeyPatch
             calls.append(raw)
             return orjson.loads(raw)
 
-    monkeypatch.setattr(state, "_orjson", Spy)
+    monkeypatch.setattr(jsoncodec, "_orjson", Spy)
     assert loads_json('[{"role": "user", "n": 123456789012345678}]') == [
         {"role": "user", "n": 123456789012345678}
     ]
@@ -126,6 +130,6 @@ def test_orjson_decodes_documents_it_reads_alike(monkeypatch: pytest.MonkeyPatch
 
 
 def test_without_orjson_it_is_json_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state, "_orjson", None)
+    monkeypatch.setattr(jsoncodec, "_orjson", None)
     for text in ['[{"a": 1.5}]', "[NaN]", "18446744073709551616", '"\\ud800"', "[1,]"]:
         check(text)

@@ -1,4 +1,4 @@
-"""state.to_json's orjson path writes what its standard-library path writes (the same text,
+"""jsoncodec.to_json's orjson path writes what its standard-library path writes (the same text,
 or the same number written another way), and state.checked_copy refuses and copies exactly
 as validate_value followed by copy_json."""
 
@@ -11,19 +11,24 @@ from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any
 
-import orjson  # the test group installs it: the fast path is what these tests exercise
 import pytest
+
+pytest.importorskip("orjson", reason="orjson (the openai-agents extra) is not installed")
+pytest.importorskip("hypothesis", reason="hypothesis (the test group) is not installed")
+
+import orjson  # the test group installs it: the fast path is what these tests exercise
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from durable_sessions import InvalidStateError, state
-from durable_sessions.state import MAX_DEPTH, checked_copy, copy_json, to_json, validate_value
+from durable_sessions import InvalidStateError, jsoncodec
+from durable_sessions.jsoncodec import copy_json, to_json
+from durable_sessions.state import MAX_DEPTH, checked_copy, validate_value
 from support.json_values import same, values
 
 
 def stdlib_to_json(value: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
     with monkeypatch.context() as patch:
-        patch.setattr(state, "_orjson", None)
+        patch.setattr(jsoncodec, "_orjson", None)
         return outcome(to_json, value)
 
 
@@ -35,7 +40,7 @@ def outcome(encode: Any, value: Any) -> tuple[Any, ...]:
 
 
 def test_the_fast_path_is_taken() -> None:
-    assert state._orjson is orjson
+    assert jsoncodec._orjson is orjson
     batch = [{"n": 1, "content": {"role": "user", "content": [{"text": "héllo\u2028"}]}}]
     assert to_json(batch) == orjson.dumps(batch).decode()
 
@@ -147,6 +152,7 @@ def nested(depth: int, leaf: Any, container: str) -> Any:
 @example(nested(MAX_DEPTH, 1, "dict"), None)
 @example(["ok", "bad\x00", "\ud800"], None)
 @example({"a": "x" * 30, "b": -0.0}, 40)
+@example({"0": -0.0, "": [1e-07]}, 1)
 def test_checked_copy_is_validate_value_then_copy_json(value: Any, max_bytes: int | None) -> None:
     ours, theirs = fused_outcome(value, max_bytes), separate_outcome(value, max_bytes)
     assert ours[0] == theirs[0], (ours, theirs)

@@ -8,6 +8,9 @@ import unicodedata
 import uuid
 
 import pytest
+
+pytest.importorskip("hypothesis", reason="hypothesis (the test group) is not installed")
+
 from hypothesis import given
 from hypothesis import strategies as st
 

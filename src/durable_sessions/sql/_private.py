@@ -1,14 +1,18 @@
-"""The private APIs of SQLAlchemy and aiosqlite that durable-sessions relies on, checked once.
+"""The private APIs of SQLAlchemy, aiosqlite and pydantic that durable-sessions relies on, checked.
 
-The hot paths skip layers of SQLAlchemy and aiosqlite (see ``runner.py``), which means
-using a few names those projects do not promise to keep. Importing this module checks that
-every one of them exists in the installed versions, and raises ``ImportError`` naming what
-is missing and the versions checked, instead of failing later with an ``AttributeError`` in
-the middle of an operation, or worse, a wrong result. The accessors below are the one place
-that reaches for them.
+The hot paths skip layers of SQLAlchemy and aiosqlite (see ``runner.py``), and the ADK
+adapter builds pydantic models without revalidating what it stored itself
+(``adapters/adk/_models.py``), which means using a few names those projects do not promise
+to keep. ``check()`` verifies that every one of them exists in the installed versions, and
+raises ``ImportError`` naming what is missing, the installed versions and the tested range,
+instead of failing later with an ``AttributeError`` in the middle of an operation, or worse,
+a wrong result. It runs when this module is imported (SQLAlchemy and aiosqlite) and when the
+ADK adapter is (pydantic too). The accessors below are the one place that reaches for them;
+none of them changes the state of a dependency (a pool's queue, a class), they only read it
+or build an object of the caller's.
 
 The versions tested are the ranges in ``pyproject.toml`` (``nox -s lowest newest`` runs the
-whole suite on both ends).
+suite on both ends).
 """
 
 from __future__ import annotations
@@ -18,8 +22,7 @@ import importlib
 import sqlite3
 import sys
 import threading
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from importlib import metadata
 from typing import Any
 
@@ -31,7 +34,6 @@ from sqlalchemy.sql.dml import UpdateBase
 from sqlalchemy.util.queue import AsyncAdaptedQueue
 
 __all__ = [
-    "RETURNED",
     "TESTED",
     "aiosqlite_connection",
     "aiosqlite_execute",
@@ -39,13 +41,22 @@ __all__ = [
     "checkin_reset",
     "checkin_without_io",
     "checkout_without_io",
+    "core_schema",
     "engine_has_events",
     "greenlet_spawn",
+    "has_custom_init",
+    "has_post_init",
     "invalidate_pool",
+    "is_root_model",
+    "model_maker",
+    "model_validators",
+    "new_model",
+    "private_attributes",
     "returning_columns",
+    "sets_only_private_defaults",
 ]
 
-TESTED = "SQLAlchemy 2.0.30 to 2.1.x, aiosqlite 0.20 to 0.22"
+TESTED = "SQLAlchemy 2.0.30 to 2.1.x, aiosqlite 0.20 to 0.22, pydantic 2.12.5 to 2.14.x"
 """The versions whose private APIs the suite runs on (the bounds in pyproject.toml)."""
 
 
@@ -64,8 +75,13 @@ def _aiosqlite() -> Any:
     return aiosqlite
 
 
-def check() -> None:
+def check(*, models: bool = True) -> None:
     """Check that every private API used exists in the installed versions.
+
+    Args:
+        models: Check pydantic's too, when it is installed (the ``adk`` extra). Importing
+            this module checks only SQLAlchemy's and aiosqlite's, so that a store does not
+            import pydantic; the ADK adapter runs the whole check when it is imported.
 
     Raises:
         ImportError: Something is missing; the message names it, the installed versions
@@ -93,16 +109,193 @@ def check() -> None:
             missing.append("aiosqlite.Connection._execute")
         if not hasattr(connection, "_conn"):
             missing.append("aiosqlite.Connection._conn")
+    if models and _pydantic() is not None:
+        checked += [_installed("pydantic"), _installed("pydantic-core")]
+        missing += _missing_from_pydantic()
     if missing:
         raise ImportError(
             "durable-sessions relies on private APIs that the installed "
-            f"{' and '.join(checked)} do not have: {', '.join(missing)}. It is tested with "
+            f"{', '.join(checked)} do not have: {', '.join(missing)}. It is tested with "
             f"{TESTED}; install versions in that range (pip install 'durable-sessions[sqlite]' "
-            "picks them)."
+            "or 'durable-sessions[adk]' picks them)."
         )
 
 
-check()
+# -- pydantic: building models as their own validation would ---------------------------------
+
+MODEL_CLASS_NAMES = (
+    "__pydantic_core_schema__",
+    "__pydantic_custom_init__",
+    "__pydantic_decorators__",
+    "__pydantic_post_init__",
+    "__private_attributes__",
+)
+"""What each model class carries of its own (``BaseModel``'s metaclass sets them) and the
+accessors read."""
+
+BASE_MODEL_NAMES = (
+    "__pydantic_extra__",
+    "__pydantic_fields_set__",
+    "__pydantic_private__",
+    "__pydantic_root_model__",
+)
+"""What ``BaseModel`` has for every model: the slots of an instance besides ``__dict__``
+that ``new_model`` fills, and the root-model flag."""
+
+DECORATOR_GROUPS = (
+    ("model", "model_validators"),
+    ("field", "field_validators"),
+    ("root", "root_validators"),
+    ("v1", "validators"),
+)
+"""The groups of validators in ``__pydantic_decorators__`` (pydantic's ``DecoratorInfos``)."""
+
+
+def _pydantic() -> Any:
+    try:
+        return importlib.import_module("pydantic")
+    except ImportError:
+        return None  # the 'adk' extra is not installed: nothing builds models
+
+
+_probes: dict[str, Any] = {}
+
+
+def pydantic_probe() -> Any:
+    """A model class with one validator of each kind the accessors read and a private
+    attribute, made once: what ``check`` reads pydantic's names on."""
+    probe = _probes.get("model")
+    if probe is None:
+        import pydantic
+
+        class Probe(pydantic.BaseModel):
+            x: int = 0
+            _hidden: int = 1
+
+            @pydantic.field_validator("x")
+            @classmethod
+            def _field(cls, value: int) -> int:
+                return value
+
+            @pydantic.model_validator(mode="before")
+            @classmethod
+            def _model(cls, data: Any) -> Any:
+                return data
+
+        probe = _probes["model"] = Probe
+    return probe
+
+
+def _missing_from_pydantic() -> list[str]:
+    import pydantic
+
+    missing: list[str] = []
+    try:
+        from pydantic._internal import _model_construction
+
+        if not callable(getattr(_model_construction, "init_private_attributes", None)):
+            raise ImportError
+    except ImportError:
+        missing.append("pydantic._internal._model_construction.init_private_attributes")
+    for name in BASE_MODEL_NAMES:
+        if not hasattr(pydantic.BaseModel, name):
+            missing.append(f"pydantic.BaseModel.{name}")
+    probe = pydantic_probe()
+    for name in MODEL_CLASS_NAMES:
+        if name not in probe.__dict__:
+            missing.append(f"{name} (of each model class)")
+    decorators = probe.__dict__.get("__pydantic_decorators__")
+    if decorators is None:
+        return missing
+    for _, group in DECORATOR_GROUPS:
+        if not isinstance(getattr(decorators, group, None), dict):
+            missing.append(f"pydantic's DecoratorInfos.{group}")
+    found = getattr(decorators, "field_validators", None)
+    for decorator in found.values() if isinstance(found, dict) else ():
+        if not hasattr(decorator, "func"):
+            missing.append("pydantic's Decorator.func")
+        if not isinstance(getattr(getattr(decorator, "info", None), "fields", None), tuple):
+            missing.append("pydantic's Decorator.info.fields (FieldValidatorDecoratorInfo)")
+    return missing
+
+
+def core_schema(cls: Any) -> Any:
+    """The core schema pydantic built for a model class (``__pydantic_core_schema__``)."""
+    return cls.__pydantic_core_schema__
+
+
+def has_custom_init(cls: Any) -> bool:
+    """Whether a model class defines its own ``__init__`` (``__pydantic_custom_init__``)."""
+    return bool(cls.__pydantic_custom_init__)
+
+
+def has_post_init(cls: Any) -> bool:
+    """Whether validation calls ``model_post_init`` (``__pydantic_post_init__``)."""
+    return bool(cls.__pydantic_post_init__)
+
+
+def is_root_model(cls: Any) -> bool:
+    """Whether a model class is a ``RootModel`` (``__pydantic_root_model__``)."""
+    return bool(getattr(cls, "__pydantic_root_model__", False))
+
+
+def private_attributes(cls: Any) -> dict[str, Any]:
+    """A model class's private attributes, by name (``__private_attributes__``)."""
+    attributes: dict[str, Any] = cls.__private_attributes__
+    return attributes
+
+
+def sets_only_private_defaults(cls: Any) -> bool:
+    """Whether a model's ``model_post_init`` is pydantic's own, which only sets its private
+    attributes' defaults (``_model_construction.init_private_attributes``)."""
+    from pydantic._internal._model_construction import init_private_attributes
+
+    hook = getattr(cls.model_post_init, "__func__", cls.model_post_init)
+    return hook is init_private_attributes
+
+
+def model_validators(cls: Any) -> Iterator[tuple[str, Callable[..., Any], tuple[str, ...]]]:
+    """Each validator of a model class (``__pydantic_decorators__``): its kind (``model``,
+    ``field``, ``root``, ``v1``), its function and the fields it checks (field validators)."""
+    decorators = cls.__pydantic_decorators__
+    for kind, group in DECORATOR_GROUPS:
+        for decorator in getattr(decorators, group).values():
+            yield kind, decorator.func, tuple(getattr(decorator.info, "fields", ()))
+
+
+_set = object.__setattr__
+
+
+def model_maker(cls: Any) -> Callable[[dict[str, Any], set[str], Any], Any]:
+    """``new_model`` for one class, with what it needs bound once: ``make(fields,
+    fields_set, private)``, for many models of that class."""
+    new = cls.__new__
+
+    def make(fields: dict[str, Any], fields_set: set[str], private: Any) -> Any:
+        instance = new(cls)
+        _set(instance, "__dict__", fields)
+        _set(instance, "__pydantic_fields_set__", fields_set)
+        _set(instance, "__pydantic_extra__", None)
+        _set(instance, "__pydantic_private__", private)
+        return instance
+
+    return make
+
+
+def new_model(cls: Any, fields: dict[str, Any], fields_set: set[str], private: Any) -> Any:
+    """A new instance of a model class with these field values (every field, in declaration
+    order), set fields and private attributes (a dict, or None), as ``model_construct``
+    builds one: ``__dict__``, ``__pydantic_fields_set__``, ``__pydantic_extra__`` (None),
+    ``__pydantic_private__``. Nothing is validated and no hook is called."""
+    instance = cls.__new__(cls)
+    _set(instance, "__dict__", fields)
+    _set(instance, "__pydantic_fields_set__", fields_set)
+    _set(instance, "__pydantic_extra__", None)
+    _set(instance, "__pydantic_private__", private)
+    return instance
+
+
+check(models=False)
 
 
 def greenlet_spawn(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
@@ -300,49 +493,31 @@ def checkin_without_io(pool: Pool, fairy: Any) -> bool:
     return not _may_close_on_return(pool)
 
 
-RETURNED = "durable_sessions_returned"
-"""Key of a pool record's ``info``: when the runner last checked that connection in
-(``time.monotonic()``; cleared with the rest of ``info`` when the pool reconnects)."""
-
-REVISIT_AFTER = 30.0
-"""Seconds after which an idle connection of a FIFO pool is lent again before the warm one
-(``checkout_without_io``)."""
-
-
 def checkout_without_io(pool: Pool) -> Any | None:
     """Check a connection out of ``pool`` in plain calls, when nothing in that checkout can
     reach the driver; return it, or None when the caller must check out through a greenlet
     (always correct). Fail-closed: whatever it cannot read (a private name gone in another
     SQLAlchemy version) answers None.
 
-    It lends an idle connection of a queue pool with no pre-ping, taken without waiting
-    (the overflow is not used up), that is open and needs no reconnect (no recycle age, no
-    pool-wide or soft invalidation since it opened), with no ``checkout`` listener but those
-    that run once per connection and have run on that one (a ``done_key`` attribute naming
-    the key they set in the connection record's ``info``).
-
-    Which idle connection: the one checked in last (the warm one), as ``pool_use_lifo``
-    would. A FIFO pool (SQLAlchemy's default) lends its idle connections in turn, so that
-    after a burst of concurrent operations one task cycles through them all, each one's
-    driver state and server backend (or aiosqlite thread and page cache) cold by its turn:
-    a Postgres fork-equivalent of the ADK adapter, one task, took 0.78 ms on one warm
-    connection and 1.11 ms cycling through 16. In a FIFO pool the oldest idle connection
-    still gets its turn once it has sat unused by the runner for ``REVISIT_AFTER`` seconds
-    (or was never checked in by it): each connection keeps being used, as in the pool's own
-    order, rather than left to a server's or a proxy's idle timeout. The warm one is put
-    where the queue takes from even when this answers None, so that the greenlet's
-    ``pool.connect()`` (no await comes between) takes it too, and checks it as the pool
-    checks any (a pre-ping, a recycle, its listeners)."""
+    It only reads the pool: the connection lent is the one the pool's own queue takes next
+    (the oldest idle one of a FIFO pool, the newest of a ``pool_use_lifo`` pool), by the
+    pool's own ``connect()``. That is when the pool is a queue pool with no pre-ping whose
+    next idle connection is taken without waiting (the overflow is not used up), is open
+    and needs no reconnect (no recycle age, no pool-wide or soft invalidation since it
+    opened), and there is no ``checkout`` listener but those that run once per connection
+    and have run on that one (a ``done_key`` attribute naming the key they set in the
+    connection record's ``info``).
+    """
     try:
         if not isinstance(pool, QueuePool):
             return None
         waiting = pool._pool
         if not isinstance(waiting, AsyncAdaptedQueue):
             return None
-        idle = waiting._queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's deque
+        idle = waiting._queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's deque or list
         if not idle:
             return None
-        record = _warm_next(waiting.use_lifo, idle)
+        record = idle[-1] if waiting.use_lifo else idle[0]  # what the queue's get() takes
         if pool._pre_ping or pool._recycle > -1 or pool._invalidate_time:
             return None
         if -1 < pool._max_overflow <= pool._overflow:  # QueuePool._do_get would wait
@@ -353,27 +528,9 @@ def checkout_without_io(pool: Pool) -> Any | None:
                 return None
         if record.dbapi_connection is None or record._soft_invalidate_time > record.starttime:
             return None
-    except AttributeError:
+    except (AttributeError, IndexError):
         return None
     return pool.connect()
-
-
-def _warm_next(lifo: bool, idle: Any) -> Any:
-    """Put the warm idle connection where the queue takes from (a LIFO queue's list has it
-    there already; a FIFO queue's deque, unless its oldest is due a turn); return the record
-    the queue takes next."""
-    if lifo:
-        return idle[-1]
-    if len(idle) > 1 and not _due(idle[0]):
-        idle.appendleft(idle.pop())
-    return idle[0]
-
-
-def _due(record: Any) -> bool:
-    """Whether an idle connection has not been checked in by the runner for
-    ``REVISIT_AFTER`` seconds (or ever)."""
-    returned = record.info.get(RETURNED)
-    return returned is None or time.monotonic() - returned >= REVISIT_AFTER
 
 
 def _may_close_on_return(pool: Pool) -> bool:

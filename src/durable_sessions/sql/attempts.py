@@ -1,8 +1,9 @@
 """What a store operation knows about its connection attempts; read by ``translate.translated``.
 
 ``translated`` marks each store operation with an :class:`Attempt` in a context variable.
-Two process-wide SQLAlchemy listeners read it, and do nothing outside a store operation, so
-an application's own use of its engines is never affected:
+Two SQLAlchemy listeners read it, registered by ``watch_connects`` on the engine of each
+store (``SQLStore`` calls it) and on no other engine: an application's other engines, and
+its own use of the store's engine outside a store operation, are never affected.
 
 * A SQLite file that does not exist is not created by a store operation: the connection is
   refused with ``SchemaNotMigratedError`` before SQLite would make an empty file. Migrating
@@ -20,11 +21,10 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.pool import Pool
 
 from ..errors import SchemaNotMigratedError
 
-__all__ = ["CURRENT", "Attempt"]
+__all__ = ["CURRENT", "Attempt", "watch_connects"]
 
 MIGRATE_HINT = "run `durable-sessions migrate`, `alembic upgrade head` or `await store.migrate()`"
 
@@ -71,5 +71,14 @@ def _on_connect(dbapi_connection: Any, record: Any) -> None:
         attempt.connecting = False
 
 
-event.listen(Engine, "do_connect", _on_do_connect)
-event.listen(Pool, "connect", _on_connect)
+def watch_connects(engine: Engine) -> None:
+    """Register the two listeners on ``engine`` (its dialect's ``do_connect`` and its pool's
+    ``connect``), once: stores sharing an engine share them.
+
+    Looked for in the dispatch itself: a pool that ``engine.dispose()`` made anew carries
+    its predecessor's listeners, which ``event.contains`` does not see there.
+    """
+    if _on_do_connect not in list(engine.dialect.dispatch.do_connect):
+        event.listen(engine, "do_connect", _on_do_connect)
+    if _on_connect not in list(engine.pool.dispatch.connect):
+        event.listen(engine.pool, "connect", _on_connect)

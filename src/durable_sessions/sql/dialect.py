@@ -1,35 +1,46 @@
-"""The few differences between SQLite and Postgres, chosen once per engine."""
+"""The few differences between the dialects in the shared statements, chosen once per engine."""
 
 from __future__ import annotations
 
-import asyncio
-import sqlite3
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import JSON, String, Table, any_, bindparam, event, func, select
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import (
+    JSON,
+    String,
+    Table,
+    Text,
+    any_,
+    bindparam,
+    cast,
+    func,
+    literal,
+    literal_column,
+    select,
+    text,
+)
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.engine import Engine
-from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.util import await_only
 
 from ..errors import InvalidArgumentError
-from .schema import JSONValue, sessions
+from .schema import MYSQL_NAMES, JSONValue, sessions
 
 __all__ = [
+    "MYSQL_NAMES",
     "SUPPORTED",
     "DialectOps",
     "dialect_ops",
-    "install_sqlite_pragmas",
-    "pin_read_committed",
 ]
 
-SUPPORTED = {("sqlite", "aiosqlite"), ("postgresql", "asyncpg")}
+SUPPORTED = {
+    ("sqlite", "aiosqlite"),
+    ("postgresql", "asyncpg"),
+    ("mysql", "asyncmy"),
+    ("mariadb", "asyncmy"),
+}
 """The (dialect, driver) pairs SQLStore runs on."""
 
 
@@ -46,15 +57,24 @@ class DialectOps:
         """Whether this is Postgres (data-modifying CTEs, jsonb operators, arrays)."""
         return self.name == "postgresql"
 
+    @property
+    def is_mysql(self) -> bool:
+        """Whether this is MySQL or MariaDB (SQLAlchemy names MariaDB's dialect apart)."""
+        return self.name in MYSQL_NAMES
+
     def upsert(self, table: Table, key_columns: list[str], update_columns: list[str]) -> Insert:
         """Return ``INSERT ... ON CONFLICT (keys) DO UPDATE SET cols = excluded.cols``."""
         return self.on_conflict_update(self.insert(table), key_columns, update_columns)
 
-    @staticmethod
     def on_conflict_update(
-        stmt: Insert, key_columns: list[str], update_columns: list[str]
+        self, stmt: Insert, key_columns: list[str], update_columns: list[str]
     ) -> Insert:
-        """Add ``ON CONFLICT (keys) DO UPDATE SET cols = excluded.cols`` to an insert."""
+        """Add ``ON CONFLICT (keys) DO UPDATE SET cols = excluded.cols`` to an insert (on
+        MySQL ``ON DUPLICATE KEY UPDATE``, whose key is the primary key)."""
+        if self.is_mysql:
+            return stmt.on_duplicate_key_update(  # type: ignore[attr-defined,no-any-return]
+                {col: stmt.inserted[col] for col in update_columns}  # type: ignore[attr-defined]
+            )
         return stmt.on_conflict_do_update(  # type: ignore[attr-defined,no-any-return]
             index_elements=key_columns,
             set_={col: stmt.excluded[col] for col in update_columns},  # type: ignore[attr-defined]
@@ -69,6 +89,11 @@ class DialectOps:
         whatever the list's length: an array on Postgres, a JSON array on SQLite)."""
         if self.is_postgres:
             return column == any_(bindparam(name, type_=ARRAY(String)))
+        if self.is_mysql:  # compared as bytes, as the binary id and key columns are
+            rows = text(
+                f"JSON_TABLE(:{name}, '$[*]' COLUMNS (value LONGBLOB PATH '$')) AS {name}_rows"
+            ).bindparams(bindparam(name, type_=JSONValue))
+            return column.in_(select(literal_column(f"{name}_rows.value")).select_from(rows))
         values = func.json_each(bindparam(name, type_=JSON)).table_valued("value")
         return column.in_(select(values.c.value))
 
@@ -76,6 +101,11 @@ class DialectOps:
         """Aggregate (key, JSON value) rows into one JSON object (NULL when there are none)."""
         if self.is_postgres:
             return func.jsonb_object_agg(key, value, type_=JSONValue)
+        if self.is_mysql:
+            # Values are stored as JSON text: joined as they are, keys quoted as JSON.
+            name = func.json_quote(cast(key, mysql.CHAR(charset="utf8mb4")))
+            joined = func.group_concat(func.concat(name, literal(":", Text), value))
+            return func.concat(literal("{", Text), joined, literal("}", Text), type_=JSONValue)
         # Values are stored as JSON text: json() keeps them JSON instead of quoting them.
         return func.json_group_object(key, func.json(value), type_=JSONValue)
 
@@ -91,87 +121,14 @@ def dialect_ops(dialect_name: str, driver: str) -> DialectOps:
     """Return the operations for a (dialect, driver) pair, refusing unsupported ones."""
     if (dialect_name, driver) not in SUPPORTED:
         raise InvalidArgumentError(
-            f"SQLStore runs on sqlite+aiosqlite and postgresql+asyncpg engines, "
+            "SQLStore runs on sqlite+aiosqlite, postgresql+asyncpg, mysql+asyncmy and "
+            "mariadb+asyncmy engines, "
             f"not {dialect_name}+{driver}"
         )
     if dialect_name == "postgresql":
         return DialectOps("postgresql", postgresql.insert, _pg_merge_private)
+    if dialect_name in MYSQL_NAMES:
+        # MySQL merges private state in Python, under the session row's lock.
+        return DialectOps(dialect_name, mysql.insert, None)
     # SQLite merges private state in Python, inside the write transaction.
     return DialectOps("sqlite", sqlite.insert, None)
-
-
-_PRAGMAS_DONE = "durable_sessions_pragmas"
-_SQLITE_BUSY = 5
-
-
-def _is_busy(exc: BaseException) -> bool:
-    """Whether ``exc`` is SQLite's SQLITE_BUSY ("database is locked")."""
-    if not isinstance(exc, sqlite3.OperationalError):
-        return False
-    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
-    if code is not None:
-        return bool(code & 0xFF == _SQLITE_BUSY)
-    return "database is locked" in str(exc)
-
-
-def _switch_to_wal(cursor: Any, busy_timeout_ms: int) -> None:
-    """Set WAL, waiting up to the busy timeout for another connection's lock.
-
-    Leaving the rollback journal needs an exclusive lock, and SQLite answers SQLITE_BUSY
-    at once, without calling its busy handler, while another connection writes: several
-    processes opening one fresh database at the same time would otherwise fail at random.
-    The wait yields to the event loop (checkout runs inside SQLAlchemy's greenlet).
-    """
-    deadline = time.monotonic() + busy_timeout_ms / 1000
-    delay = 0.001
-    while True:
-        try:
-            cursor.execute("PRAGMA journal_mode = WAL")
-            return
-        except Exception as exc:
-            if not _is_busy(exc) or time.monotonic() >= deadline:
-                raise
-        await_only(asyncio.sleep(delay))
-        delay = min(delay * 2, 0.05)
-
-
-def install_sqlite_pragmas(engine: Engine, busy_timeout_ms: int) -> None:
-    """Give every SQLite connection of ``engine`` WAL, a busy timeout and foreign keys.
-
-    Runs at checkout once per DBAPI connection, so connections pooled before the store
-    was made get the settings too. A writer holding the fresh database's lock delays the
-    switch to WAL by at most the busy timeout, as it would any other statement.
-    """
-
-    def on_checkout(dbapi_conn: Any, record: Any, proxy: Any) -> None:
-        if record.info.get(_PRAGMAS_DONE):
-            return
-        cursor = dbapi_conn.cursor()
-        try:
-            cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            _switch_to_wal(cursor, busy_timeout_ms)
-            cursor.execute("PRAGMA foreign_keys = ON")
-        finally:
-            cursor.close()
-        record.info[_PRAGMAS_DONE] = True
-
-    # Done once per connection: the runner may check a connection out without a greenlet
-    # once its record says so (``_private.checkout_without_io``).
-    on_checkout.done_key = _PRAGMAS_DONE  # type: ignore[attr-defined]
-    event.listen(engine, "checkout", on_checkout)
-
-
-async def pin_read_committed(conn: AsyncConnection) -> None:
-    """Run the transactions of ``conn`` (a Postgres connection through SQLAlchemy) at READ
-    COMMITTED, whatever the engine's or the database's default; the pool restores the
-    engine's level at check-in.
-
-    Left alone where the default is READ UNCOMMITTED, which Postgres runs as READ COMMITTED
-    and which SQLAlchemy could not set back at check-in (its asyncpg dialect refuses the
-    name). Nothing to do on SQLite.
-    """
-    if conn.dialect.name != "postgresql":
-        return
-    if getattr(conn.dialect, "default_isolation_level", None) == "READ UNCOMMITTED":
-        return
-    await conn.execution_options(isolation_level="READ COMMITTED")

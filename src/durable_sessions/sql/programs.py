@@ -10,10 +10,11 @@ program and how the runner must run it.
 from __future__ import annotations
 
 import builtins
-import gc
+from datetime import datetime, timezone
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from ..errors import SessionNotFoundError, StaleSessionError
+from ..errors import SessionError, SessionNotFoundError, StaleSessionError
+from ..jsoncodec import copy_json, from_json
 from ..model import Event, Session
 from ..prepare import (
     RECREATED,
@@ -28,10 +29,6 @@ from ..state import (
     APP_PREFIX,
     USER_PREFIX,
     ScopedDelta,
-    collector_paused,
-    copy_json,
-    from_json,
-    loads_json,
 )
 from .compiled import Compiled
 from .runner import Mode, Program, Query
@@ -46,6 +43,7 @@ __all__ = [
     "session_with_state",
     "sessions_with_state",
     "shared_items",
+    "unwritten",
 ]
 
 T = TypeVar("T")
@@ -66,6 +64,13 @@ def shared_items(user: dict[str, Any] | None, app: dict[str, Any] | None) -> tup
     return (user or {}).items(), (app or {}).items()
 
 
+def _utc(moment: datetime) -> datetime:
+    """A stored time as read, timezone-aware: asyncpg reads a timestamptz of ``infinity``
+    or ``-infinity`` (stored by hand: every write refuses the ends of the range) as a naive
+    ``datetime.max`` or ``datetime.min``, which is that moment in UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
 def session_from_row(
     row: Any, state: dict[str, Any] | None = None, persisted: dict[str, Any] | None = None
 ) -> Session:
@@ -80,8 +85,8 @@ def session_from_row(
         app_name=row.app_name,
         title=row.title,
         state=state or {},
-        created_at=row.created_at,
-        updated_at=row.updated_at,
+        created_at=_utc(row.created_at),
+        updated_at=_utc(row.updated_at),
         message_count=row.message_count,
         token_total=row.token_total,
         version=row.version,
@@ -144,7 +149,7 @@ def event_from_row(row: Any) -> Event:
         state_delta=row.state_delta,
         tokens=row.tokens,
         id=row.id,
-        timestamp=row.timestamp,
+        timestamp=_utc(row.timestamp),
         seq=row.seq,
     )
 
@@ -161,41 +166,34 @@ def shared_params(delta: ScopedDelta) -> dict[str, Any]:
     }
 
 
-_YOUNG_COLLECTIONS_PER_READ = 4
-"""Collections of generation 0 that one transcript read may set off: the driver's rows (one
-per event for ``list_events``), then the decoded document."""
+_ATTEMPTS = 3
+"""Times a write is run when it wrote nothing and nothing explains why (``guarded``)."""
 
 
-def make_room_for_a_read() -> None:
-    """Run the collection of generation 1 now if one would come during the next read.
+def _increments(params: dict[str, Any]) -> tuple[int, int]:
+    """The messages and tokens a write's parameters add to a session's counters: a batch's
+    ``v_count`` or a touch's ``v_messages``, else one per appended event (``v_tokens``)."""
+    tokens = int(params.get("v_tokens", 0))
+    if "v_count" in params:
+        return int(params["v_count"]), tokens
+    if "v_messages" in params:
+        return int(params["v_messages"]), tokens
+    return (1 if "v_tokens" in params else 0), tokens
 
-    A collection of generation 1 moves everything alive in the young generations to the
-    oldest one, and what it moves counts towards the next full collection (a walk of every
-    object in the process), even if it dies soon after. During a transcript read, that is
-    the driver's rows and the decoded document: every tenth or so read of a long transcript
-    would move its whole document there, and full collections would take a large part of
-    the reads' time (on the 1,000-item read of ``python -m benchmarks --suite openai``, a
-    third to a half). Run before the read, the same collection finds them not yet made; they
-    reach the oldest generation only if still alive at a later one (the caller keeps them).
+
+def unwritten(params: dict[str, Any]) -> SessionError:
+    """The error of a write that wrote nothing though, read again, nothing forbids it.
+
+    A guarded write (``v_expected`` or ``v_incarnation`` given) is stale: the session moved
+    on while it ran. An unguarded one targets whatever session has the id, and found none
+    each time it ran (deleted, and created again each time before the next look): it never
+    claims staleness, which only a guard can detect.
     """
-    threshold0, threshold1, _ = gc.get_threshold()
-    due = gc.get_count()[1] > threshold1 - _YOUNG_COLLECTIONS_PER_READ
-    if due and threshold0 > 0 and gc.isenabled():
-        gc.collect(1)
-
-
-def loads_document(text: str) -> Any:
-    """``json.loads`` of a whole transcript (``state.loads_json``: orjson where it reads the
-    text alike), with Python's cyclic garbage collector paused (``state.collector_paused``).
-
-    Decoding builds thousands of fresh containers, and never a reference cycle; collections
-    triggered meanwhile find nothing to free, but move the half-built document towards the
-    oldest generation, whose full collections (a walk of every object in the process) then
-    come sooner: on the 1,000-item read of ``python -m benchmarks --suite openai`` they cost
-    a quarter of its mean time. See also ``make_room_for_a_read``, run before the read.
-    """
-    with collector_paused():
-        return loads_json(text)
+    org_id, session_id = params["k_org"], params["k_id"]
+    expected = params.get("v_expected")
+    if expected is None and params.get("v_incarnation") is None:
+        return SessionNotFoundError(org_id, session_id)
+    return StaleSessionError(org_id, session_id, expected or 0)
 
 
 def _first_count(row: Any) -> int:
@@ -262,10 +260,9 @@ class Programs:
         """The contents of a transcript as the text of one JSON array
         (``Statements.contents_statement``: joined by the database, or here from one text
         per row with ``as_rows``); None when it has no events. The caller decodes it
-        (``loads_document``) where it returns it: on SQLite not in the worker thread, so
-        that the decoded document does not wait in the event loop's queue, alive, while
-        other tasks run (their collections would move it to the oldest generation)."""
-        make_room_for_a_read()
+        (``jsoncodec.loads_json``) where it returns it, in one pass: on SQLite not in the
+        worker thread, so that the decoded document is not held in the event loop's queue
+        while other tasks run."""
         result = yield Query(stmt, params)
         if as_rows:
             texts = result.rows
@@ -280,27 +277,44 @@ class Programs:
 
     def touch(self, params: dict[str, Any]) -> Program[Session]:
         """Add to the counters and title an untitled session: one statement everywhere."""
-        row = (yield Query(self.q.touch, params)).first()
-        if row is None:
-            yield from self.stale(params)
+        row = yield from self.guarded(Query(self.q.touch, params), params)
         return session_from_row(row)
+
+    def guarded(self, query: Query, params: dict[str, Any]) -> Program[Any]:
+        """Run a guarded write of a session row; return its row, or raise why it wrote none.
+
+        A statement that wrote nothing is asked why (``check_guard``). When nothing explains
+        it, the session only became visible after the statement began (on Postgres, where
+        a statement does not see a session committed meanwhile: created, or deleted and
+        created again under the same id), and the write is tried again on it.
+        """
+        for _ in range(_ATTEMPTS):
+            row = (yield query).first()
+            if row is not None:
+                return row
+            yield from self.check_guard(params)
+        raise unwritten(params)
 
     def stale(self, params: dict[str, Any]) -> Program[None]:
         """Raise why a guarded write wrote nothing: no session, another life of the id,
-        another version, or a counter that would overflow."""
-        org_id, session_id = params["k_org"], params["k_id"]
-        found = (yield Query(self.q.meta, {"k_org": org_id, "k_id": session_id})).first()
-        if found is None:
-            raise SessionNotFoundError(org_id, session_id)
-        expected = params.get("v_expected") or 0
-        if params["v_incarnation"] not in (None, found.incarnation):
-            raise StaleSessionError(org_id, session_id, expected, RECREATED)
-        if "v_tokens" in params and params.get("v_expected") in (None, found.version):
-            # touch or append_event, refused by its own guard against counter overflow
-            counters = (found.message_count, found.token_total, found.version)
-            messages = params.get("v_messages", 1)
-            check_counters(org_id, session_id, counters, messages, params["v_tokens"])
-        raise StaleSessionError(org_id, session_id, expected)
+        another version, or a counter that would overflow (``check_guard``); when none of
+        these holds now, ``unwritten``."""
+        yield from self.check_guard(params)
+        raise unwritten(params)
+
+    def lock_session(self, lock: Compiled, params: dict[str, Any]) -> Program[None]:
+        """Lock the session row (``lock``: a ``FOR UPDATE`` read of it) for the rest of the
+        transaction, or raise why there is none to lock.
+
+        A lock that finds no row holds nothing: the steps after it would run on a session
+        created meanwhile without its lock. When the session is there on a second look, the
+        lock is taken again.
+        """
+        for _ in range(_ATTEMPTS):
+            if (yield Query(lock, params)).first() is not None:
+                return
+            yield from self.check_guard(params)
+        raise unwritten(params)
 
     def check_guard(self, params: dict[str, Any]) -> Program[None]:
         """Raise what a guarded write of this session would raise now, if anything."""
@@ -308,15 +322,13 @@ class Programs:
         found = (yield Query(self.q.meta, {"k_org": org_id, "k_id": session_id})).first()
         if found is None:
             raise SessionNotFoundError(org_id, session_id)
-        expected = params["v_expected"]
-        if params["v_incarnation"] not in (None, found.incarnation):
+        expected = params.get("v_expected")
+        if params.get("v_incarnation") not in (None, found.incarnation):
             raise StaleSessionError(org_id, session_id, expected or 0, RECREATED)
         if expected is not None and expected != found.version:
             raise StaleSessionError(org_id, session_id, expected)
         counters = (found.message_count, found.token_total, found.version)
-        check_counters(
-            org_id, session_id, counters, params.get("v_count", 0), params.get("v_tokens", 0)
-        )
+        check_counters(org_id, session_id, counters, *_increments(params))
 
     def truncate_as_rows(
         self, params: dict[str, Any], lock: Compiled | None = None
@@ -326,15 +338,34 @@ class Programs:
         distributed Postgres's, and Postgres's for removed events too large for the one
         statement's json text. Run in one write transaction."""
         if lock is not None:
-            yield Query(lock, params)
+            yield from self.lock_session(lock, params)
         removed_stmt, session_stmt = self.q.truncation_steps()
         rows = (yield Query(removed_stmt, params)).rows
         removed = sorted((event_from_row(row) for row in rows), key=lambda e: e.seq)
         params = {**params, "v_count": len(removed), "v_tokens": sum(e.tokens for e in removed)}
         if (yield Query(session_stmt, params)).first() is None:  # rolled back
-            yield from self.check_guard({**params, "v_count": 0, "v_tokens": 0})
-            raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
+            yield from self.stale({**params, "v_count": 0, "v_tokens": 0})
         return removed
+
+    def discard(self, params: dict[str, Any]) -> Job[int]:
+        """A truncation that returns how many events it removed, never the events: its
+        memory does not grow with the transcript (``Statements.discard_steps``)."""
+        return Job(self._discard(params), "write")
+
+    def _discard(self, params: dict[str, Any]) -> Program[int]:
+        lock, tally, drop, session_stmt = self.q.discard_steps()
+        unchanged = {**params, "v_count": 0, "v_tokens": 0}
+        if (yield Query(lock, params)).first() is None:
+            yield from self.check_guard(unchanged)  # no such session: raises
+        found = (yield Query(tally, params)).first()
+        count, tokens = int(found.n), int(found.tokens)
+        if count:
+            yield Query(drop, params)
+        cut = {**params, "v_count": count, "v_tokens": tokens}
+        if (yield Query(session_stmt, cut)).first() is None:  # rolled back
+            yield from self.check_guard(unchanged)
+            raise StaleSessionError(params["k_org"], params["k_id"], params["v_expected"] or 0)
+        return count
 
     def truncate_rows(self, params: dict[str, Any]) -> Job[builtins.list[Event]] | None:
         """``truncate_as_rows`` as a job, for a truncation whose one statement could not

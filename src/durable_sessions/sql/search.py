@@ -26,11 +26,18 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSQUERY, TSVECTOR
 
-from ..fulltext import query_words
+from ..fulltext import query_words, search_vector, search_vector_of
+from ..model import Event
 from .schema import events, sessions
 from .statements import EVENT_COLUMNS
 
-__all__ = ["fts_match", "search_query"]
+__all__ = [
+    "EVENTS_WITH_TERMS",
+    "fts_match",
+    "indexed_vector",
+    "mysql_search_query",
+    "search_query",
+]
 
 E = events
 S = sessions
@@ -43,11 +50,63 @@ _KEYS = table(
     column("seq", Integer),
 )
 
+EVENTS_WITH_TERMS = table(
+    events.name, *[column(col.name, col.type) for col in events.c], column("search_terms", Text)
+)
+"""SQLite's ``ds_events`` with ``search_terms`` (revision 0012), outside the metadata as the
+rest of search: an encrypted store's blind index text, which the full-text index reads
+instead of the (sealed) content where it is not NULL."""
+
+
+def indexed_vector(event: Event) -> str:
+    """The search vector a write sends for an event (Postgres): of its content's words, or,
+    for an encrypted store's sealed event, of its blind index terms (``search_terms``)."""
+    terms = getattr(event, "search_terms", None)
+    return search_vector(event.content) if terms is None else search_vector_of(terms.split())
+
 
 def fts_match(text: str) -> str:
     """An FTS5 query of every word of ``text``, each a quoted string: operators, column
     filters, ``*`` and keywords in the text stay data (a word holds no quote)."""
     return " ".join(f'"{word}"' for word in query_words(text))
+
+
+def mysql_search_query(user: bool, app: bool, session: bool) -> Any:
+    """``search`` on MySQL: the events with a row in ``ds_event_words`` (revision 0003) for
+    each of the ``k_count`` folded words ``k_words``, best first as on the other dialects;
+    an event's rank is the sum of its counts of those words."""
+    from .dialect import dialect_ops  # the words are compared as the key columns are
+    from .dialects.mysql.programs import WORDS
+
+    org: Any = bindparam("k_org")
+    ops = dialect_ops("mysql", "asyncmy")
+    hits = select(WORDS.c.session_id, WORDS.c.seq, func.sum(WORDS.c.n).label("rank")).where(
+        WORDS.c.org_id == org, ops.in_list(WORDS.c.word, "k_words")
+    )
+    if session:
+        hits = hits.where(WORDS.c.session_id == bindparam("k_session"))
+    found = (
+        hits.group_by(WORDS.c.session_id, WORDS.c.seq)
+        .having(func.count() == bindparam("k_count", type_=Integer))
+        .subquery("hits")
+    )
+    query = (
+        select(E.c.session_id, *EVENT_COLUMNS, found.c.rank.label("rank"))
+        .select_from(found)
+        .join(
+            E,
+            (E.c.org_id == org) & (E.c.session_id == found.c.session_id) & (E.c.seq == found.c.seq),
+        )
+    )
+    if user or app:
+        query = query.join(S, (S.c.org_id == org) & (S.c.id == E.c.session_id))
+        if user:
+            query = query.where(S.c.user_id == bindparam("k_user"))
+        if app:
+            query = query.where(S.c.app_name == bindparam("k_app"))
+    return query.order_by(
+        literal_column("rank").desc(), E.c.timestamp.desc(), E.c.session_id.desc(), E.c.seq.desc()
+    ).limit(bindparam("k_limit"))
 
 
 def search_query(

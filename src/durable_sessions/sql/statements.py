@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ColumnElement, Executable
 
-from ..prepare import MAX_INT64
+from ..state import MAX_INT64
 from .compiled import Compiled, compile_statement
 from .dialect import DialectOps
 from .schema import JSONValue, UTCDateTime, app_state, events, sessions, user_state
@@ -177,7 +177,23 @@ class Statements:
                 )
             )
         )
-        self.touch = c(
+        self.touch = c(self.touch_statement())
+        self.drop_user_state = c(
+            delete(user_state).where(
+                user_state.c.org_id == bindparam("k_org"),
+                user_state.c.user_id == bindparam("k_user"),
+            )
+        )
+        self.count_user_state = c(
+            select(func.count().label("n")).where(
+                user_state.c.org_id == bindparam("k_org"),
+                user_state.c.user_id == bindparam("k_user"),
+            )
+        )
+
+    def touch_statement(self) -> Any:
+        """Add to a session's counters and title it if untitled, returning its ``META``."""
+        return (
             update(S)
             .where(SESSION_KEY, SAME_LIFE, TOUCH_ROOM)
             .values(
@@ -188,12 +204,6 @@ class Statements:
                 version=S.c.version + 1,
             )
             .returning(*META)
-        )
-        self.drop_user_state = c(
-            delete(user_state).where(
-                user_state.c.org_id == bindparam("k_org"),
-                user_state.c.user_id == bindparam("k_user"),
-            )
         )
 
     def locked(self, query: Select[Any]) -> Select[Any]:
@@ -310,9 +320,7 @@ class Statements:
         in_org = S.c.org_id == bindparam("k_org") if user else self.whole_org()
         query = select(*columns).where(in_org)
         if after:
-            at = bindparam("k_after_at", type_=UTCDateTime)
-            position = tuple_(at, bindparam("k_after_id", type_=S.c.id.type))
-            query = query.where(tuple_(S.c.updated_at, S.c.id) < position)
+            query = query.where(self.before_position())
         if user:
             query = query.where(S.c.user_id == bindparam("k_user"))
         if app:
@@ -321,6 +329,13 @@ class Statements:
             query = query.where(S.c.parent_id == bindparam("k_parent"))
         query = query.order_by(S.c.updated_at.desc(), S.c.id.desc())
         return query.limit(bindparam("k_limit")) if limit else query
+
+    def before_position(self) -> ColumnElement[bool]:
+        """The sessions before the position (``k_after_at``, ``k_after_id``) in ``list``'s
+        order, as one row comparison (a range of the listing index)."""
+        at = bindparam("k_after_at", type_=UTCDateTime)
+        position = tuple_(at, bindparam("k_after_id", type_=S.c.id.type))
+        return tuple_(S.c.updated_at, S.c.id) < position
 
     def states_json_query(self, user: bool, app: bool, parent: bool, limit: bool) -> Any:
         """``Store.list_states_json``: the listing as the text of one JSON object (one
@@ -533,7 +548,7 @@ class Statements:
                 else bindparam("v_private_state", type_=JSONValue)
             )
         expected = bindparam("v_expected", type_=BigInteger)
-        top = literal(2**63 - 1, BigInteger)
+        top = literal(MAX_INT64, BigInteger)
         room = and_(  # compared without computing the sum, which could overflow
             S.c.event_seq <= top - count,
             S.c.message_count <= top - count,
@@ -561,6 +576,26 @@ class Statements:
         )
         return removed, self.shape(("truncate", "session"), self._truncate_session)
 
+    def discard_steps(self) -> tuple[Compiled, Compiled, Compiled, Compiled]:
+        """A truncation that reads no event: lock the session row (where rows are locked),
+        count the events after ``k_after_seq`` and sum their tokens (``n``, ``tokens``),
+        delete them, and take those off the counters (``truncation_steps``' second step).
+        Compiled on first use."""
+        after = bindparam("k_after_seq", type_=BigInteger)
+        doomed = and_(EVENTS_KEY, events.c.seq > after)
+        lock = self.shape(
+            ("discard", "lock"), lambda: self.locked(select(S.c.version).where(SESSION_KEY))
+        )
+        tally = self.shape(
+            ("discard", "tally"),
+            lambda: select(
+                func.count().label("n"),
+                func.coalesce(func.sum(events.c.tokens), 0).label("tokens"),
+            ).where(doomed),
+        )
+        drop = self.shape(("discard", "drop"), lambda: delete(events).where(doomed))
+        return lock, tally, drop, self.shape(("truncate", "session"), self._truncate_session)
+
     def _truncate_session(self) -> Any:
         after = bindparam("k_after_seq", type_=BigInteger)
         count = bindparam("v_count", type_=BigInteger)
@@ -584,7 +619,7 @@ class Statements:
     @staticmethod
     def truncate_guard() -> Any:
         expected = bindparam("v_expected", type_=BigInteger)
-        top = literal(2**63 - 1, BigInteger)
+        top = literal(MAX_INT64, BigInteger)
         return and_(
             SESSION_KEY, or_(expected.is_(None), S.c.version == expected), SAME_LIFE,
             S.c.version < top,

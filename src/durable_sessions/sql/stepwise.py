@@ -46,7 +46,7 @@ from .statements import (
 __all__ = ["StepwisePrograms", "StepwiseStatements", "bound_row"]
 
 
-def bound_row(table: Table) -> dict[str, Any]:
+def bound_row(table: Any) -> dict[str, Any]:
     """The VALUES of a one-row insert into ``table``: ``org_id`` bound to ``k_org`` (as in
     every other statement), each other column to a parameter of its own name."""
     return {
@@ -109,6 +109,43 @@ class StepwiseStatements(Statements):
         return self.ops.on_conflict_update(stmt, keys, ["value", "updated_at"])
 
 
+def write_shared(
+    q: Any, org_id: str, app_name: str, user_id: str, delta: ScopedDelta, now: datetime
+) -> Program[None]:
+    """Write a delta's shared keys (``user:`` and ``app:``), each table in sorted key order,
+    so that concurrent writers lock the rows alike and never deadlock.
+
+    Args:
+        q: The dialect's statements (``upsert_user``, ``delete_user_keys``, ``upsert_app``,
+            ``delete_app_keys``).
+    """
+    if delta.user_set:
+        rows = [
+            {"k_org": org_id, "app_name": app_name, "user_id": user_id, "key": k,
+             "value": delta.user_set[k], "updated_at": now}
+            for k in sorted(delta.user_set)
+        ]  # fmt: skip
+        yield Query(q.upsert_user, rows, many=True)
+    if delta.user_deleted:
+        yield Query(
+            q.delete_user_keys,
+            {"k_org": org_id, "k_app": app_name, "k_user": user_id,
+             "k_keys": sorted(delta.user_deleted)},
+        )  # fmt: skip
+    if delta.app_set:
+        rows = [
+            {"k_org": org_id, "app_name": app_name, "key": k, "value": delta.app_set[k],
+             "updated_at": now}
+            for k in sorted(delta.app_set)
+        ]  # fmt: skip
+        yield Query(q.upsert_app, rows, many=True)
+    if delta.app_deleted:
+        yield Query(
+            q.delete_app_keys,
+            {"k_org": org_id, "k_app": app_name, "k_keys": sorted(delta.app_deleted)},
+        )
+
+
 class StepwisePrograms(Programs):
     """Writes as one write transaction of single-table steps each (see the module)."""
 
@@ -118,52 +155,11 @@ class StepwisePrograms(Programs):
     """Whether the steps run under row locks at READ COMMITTED (Postgres), where each
     statement sees what committed before it began, rather than alone (SQLite)."""
 
-    def _guarded(self, query: Query, params: dict[str, Any]) -> Program[Any]:
-        """Run a guarded write of a session row; return its row, or raise why it wrote none.
-
-        On Postgres a statement does not see a session committed after it began (created
-        meanwhile): when a second look finds the guard holding, the write is tried again.
-        """
-        for _ in range(3):
-            row = (yield query).first()
-            if row is not None:
-                return row
-            if not self.row_locks:
-                break
-            yield from self.check_guard(params)
-        yield from self.stale(params)
-        raise AssertionError("stale always raises")  # pragma: no cover
-
     def _write_shared(
         self, org_id: str, app_name: str, user_id: str, delta: ScopedDelta, now: datetime
     ) -> Program[None]:
         """Write shared keys, in sorted order (so concurrent writers never deadlock)."""
-        q = self.q
-        if delta.user_set:
-            rows = [
-                {"k_org": org_id, "app_name": app_name, "user_id": user_id, "key": k,
-                 "value": delta.user_set[k], "updated_at": now}
-                for k in sorted(delta.user_set)
-            ]  # fmt: skip
-            yield Query(q.upsert_user, rows, many=True)
-        if delta.user_deleted:
-            yield Query(
-                q.delete_user_keys,
-                {"k_org": org_id, "k_app": app_name, "k_user": user_id,
-                 "k_keys": sorted(delta.user_deleted)},
-            )  # fmt: skip
-        if delta.app_set:
-            rows = [
-                {"k_org": org_id, "app_name": app_name, "key": k, "value": delta.app_set[k],
-                 "updated_at": now}
-                for k in sorted(delta.app_set)
-            ]  # fmt: skip
-            yield Query(q.upsert_app, rows, many=True)
-        if delta.app_deleted:
-            yield Query(
-                q.delete_app_keys,
-                {"k_org": org_id, "k_app": app_name, "k_keys": sorted(delta.app_deleted)},
-            )
+        yield from write_shared(self.q, org_id, app_name, user_id, delta, now)
 
     def create(self, row: dict[str, Any], delta: ScopedDelta) -> Job[tuple[Any, Any]]:
         return Job(self._create(row, delta), "write")
@@ -190,7 +186,7 @@ class StepwisePrograms(Programs):
         return Job(self._update(params, delta), "write")
 
     def _update(self, params: dict[str, Any], delta: ScopedDelta) -> Program[int]:
-        done = yield from self._guarded(Query(self.q.update, params), params)
+        done = yield from self.guarded(Query(self.q.update, params), params)
         if delta.user_deleted or delta.app_deleted:
             yield from self.check_shared_deletes(params, delta)
         # The stored owner, not the copy's: a copy whose user_id or app_name was edited
@@ -221,7 +217,7 @@ class StepwisePrograms(Programs):
         if delta.private_set:
             yield from self._private_merge(params, delta)
             stmt = q.append_private
-        row = yield from self._guarded(Query(stmt, params), params)
+        row = yield from self.guarded(Query(stmt, params), params)
         yield Query(q.insert_event, _event_row(org_id, session_id, row.event_seq, stored))
         yield from self._write_shared(org_id, row.app_name, row.user_id, delta, params["v_now"])
         return int(row.event_seq)
@@ -240,7 +236,7 @@ class StepwisePrograms(Programs):
         if delta.private_set:
             yield from self._private_merge(params, delta)
             stmt = q.append_many_private
-        row = yield from self._guarded(Query(stmt, params), params)
+        row = yield from self.guarded(Query(stmt, params), params)
         first = int(row.event_seq) - len(stored) + 1
         rows = [
             _event_row(org_id, session_id, seq, event)
@@ -300,7 +296,7 @@ class StepwisePrograms(Programs):
 
     def _pop(self, params: dict[str, Any]) -> Program[builtins.list[Event] | None]:
         if self.row_locks:  # the newest event stays the newest until the transaction ends
-            yield Query(self.q.lock_session, params)
+            yield from self.lock_session(self.q.lock_session, params)
         newest = (yield Query(self.q.newest_seq, params)).first()
         if newest is None:  # an empty transcript (or no session): nothing is written
             yield from self.check_guard(params)
@@ -314,4 +310,7 @@ def _event_row(org_id: str, session_id: str, seq: int, event: Event) -> dict[str
         "k_org": org_id, "session_id": session_id, "seq": seq, "id": event.id,
         "author": event.author, "invocation_id": event.invocation_id, "content": event.content,
         "state_delta": event.state_delta, "tokens": event.tokens, "timestamp": event.timestamp,
+        # An encrypted store's sealed event carries its blind index text (SQLite's index
+        # reads it; Postgres's distributed mode, refused with a keyring, ignores it).
+        "search_terms": getattr(event, "search_terms", None),
     }  # fmt: skip

@@ -7,12 +7,13 @@ statements and the programs that run them are per dialect (``sql/sqlite.py``,
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -20,15 +21,21 @@ from ..errors import (
     DeletionIncompleteError,
     InvalidArgumentError,
     SchemaNotMigratedError,
+    SessionNotFoundError,
     StoreError,
 )
+from ..fulltext import fold, query_words
+from ..jsoncodec import json_equal, loads_json, to_json
+from ..memories import Memory, check_memory_search, check_owner, prepare_memories
 from ..model import Event, Filter, Page, SearchHit, Session, new_id, utcnow
 from ..prepare import (
+    NO_TRUNCATION,
     check_delete,
     check_delete_user,
     check_events_read,
     check_expected,
     check_fork,
+    check_guarded,
     check_list_events,
     check_list_page,
     check_max_bytes,
@@ -36,8 +43,8 @@ from ..prepare import (
     check_search,
     check_session,
     check_timeout,
-    check_title,
     check_touch,
+    events_json,
     make_page,
     merge_state,
     page_fetch,
@@ -46,39 +53,97 @@ from ..prepare import (
     prepare_update,
 )
 from ..state import DEFAULT_MAX_VALUE_BYTES, ScopedDelta, scope_of, validate_id
-from ..store import check_after_seq
-from .citus import detect_schema, make_distributed
-from .dialect import dialect_ops, install_sqlite_pragmas
-from .postgres import PostgresPrograms, PostgresStatements
+from .attempts import watch_connects
+from .dialect import dialect_ops
+from .dialects import make_runner
+from .dialects.citus.programs import detect_schema, make_distributed
+from .dialects.mysql.programs import MySQLPrograms, MySQLStatements, retried
+from .dialects.mysql.session import check_packet, install_mysql_session
+from .dialects.postgresql.programs import PostgresPrograms, PostgresStatements
+from .dialects.sqlite.pragmas import install_sqlite_pragmas
+from .dialects.sqlite.programs import SQLitePrograms, SQLiteStatements
+from .memories import (
+    MemoryStatements,
+    add_program,
+    count_program,
+    forget_program,
+    forget_user_program,
+    search_program,
+)
 from .programs import (
     Job,
     Programs,
     event_from_row,
-    loads_document,
+    session_from_row,
     shared_items,
 )
-from .runner import make_runner
-from .search import fts_match, search_query
-from .sqlite import SQLitePrograms, SQLiteStatements
+from .runner import Program
+from .search import fts_match, mysql_search_query, search_query
 from .statements import Statements
+from .translate import mysql_errno
+
+if TYPE_CHECKING:
+    from ..crypto import Keyring
+    from ..sealing import DataKey, Envelope
 
 __all__ = ["SQLStore"]
 
 T = TypeVar("T")
 
 # Postgres: lock_not_available (lock_timeout ran out), deadlock_detected.
-_LOCK_CONFLICTS = ("55P03", "40P01")
+_LOCK_CONFLICTS = ("55P03", "40P01", "1205", "1213")
 # Postgres: program_limit_exceeded (a json text past its 1 GB, or a jsonb value past 256 MB).
 _TOO_LARGE = ("54000",)
-# Postgres: undefined_function (``ds_search_text(json)`` of revision 0009 not there).
+# Postgres: undefined_function (``ds_search_text(json)`` missing: a downgraded schema).
 _NO_FUNCTION = ("42883",)
 
 
+def _guarded(
+    org_id: str,
+    session_id: str,
+    expected_version: int | None,
+    incarnation: str | None,
+    *,
+    after_seq: Any = NO_TRUNCATION,
+    title: str | None = None,
+) -> dict[str, Any]:
+    """Check a guarded write to one session (``check_guarded``) and return the parameters
+    its statements bind: the session's key, the guard, the time, and what it was given."""
+    check_guarded(
+        org_id, session_id, expected_version, incarnation, after_seq=after_seq, title=title or ""
+    )
+    params: dict[str, Any] = {
+        "k_org": org_id, "k_id": session_id, "v_now": utcnow(),
+        "v_expected": expected_version, "v_incarnation": incarnation,
+    }  # fmt: skip
+    if after_seq is not NO_TRUNCATION:
+        params["k_after_seq"] = after_seq
+    if title is not None:
+        params["v_title"] = title
+    return params
+
+
+_NO_MYSQL_KEYRING = (
+    "a keyring (encryption at rest) is not supported on MySQL yet: its sealed titles and "
+    "blind search index need columns the MySQL schema does not have"
+)
+
+_NO_DISTRIBUTED_KEYRING = (
+    "a keyring (encryption at rest) is not supported in distributed mode: its search index "
+    "is a generated column of the content, which cannot read a blind index"
+)
+
+
+def _no_keyring(operation: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"{operation} needs a store with a keyring (encryption at rest)")
+
+
 def _sqlstate_in(exc: BaseException, codes: tuple[str, ...]) -> bool:
-    """Whether a store error was caused by a Postgres error with one of these SQLSTATEs."""
+    """Whether a store error was caused by a Postgres error with one of these SQLSTATEs (or
+    a MySQL error with one of these numbers)."""
     seen: BaseException | None = exc
     while seen is not None:
-        if getattr(seen, "sqlstate", None) in codes:
+        if getattr(seen, "sqlstate", None) in codes or str(mysql_errno(seen)) in codes:
             return True
         seen = seen.__cause__ or getattr(seen, "orig", None)
     return False
@@ -120,6 +185,11 @@ class SQLStore:
             transaction of single-table statements instead of one statement each. None
             (the default) decides on first use: on when the database has the ``citus``
             extension, unless its setting ``durable_sessions.distributed`` is on or off.
+        keyring: Encrypt at rest (``durable_sessions.crypto``; the ``crypto`` extra): titles,
+            state values of every scope and events are stored sealed with data keys of the
+            session's user (``app:`` state: of the app), which the keyring wraps (table
+            ``ds_keys``); search reads a blind index. See ``docs/guides/encryption.md``.
+            None (the default) stores plaintext; rows written so are read either way.
 
     Raises:
         InvalidArgumentError: the engine is not async or its driver is not supported, or
@@ -134,6 +204,7 @@ class SQLStore:
         lock_timeout: float = 30.0,
         max_value_bytes: int | None = DEFAULT_MAX_VALUE_BYTES,
         distributed: bool | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
             raise InvalidArgumentError(
@@ -143,15 +214,19 @@ class SQLStore:
         self._owns_engine = False
         self.max_value_bytes = check_max_bytes(max_value_bytes)
         self.lock_timeout = check_timeout("lock_timeout", lock_timeout)
+        if distributed and keyring is not None:
+            raise InvalidArgumentError(_NO_DISTRIBUTED_KEYRING)
         ops = dialect_ops(engine.dialect.name, engine.dialect.driver)
+        if ops.is_mysql and keyring is not None:
+            raise InvalidArgumentError(_NO_MYSQL_KEYRING)
         self._ops = ops
         self._chosen: Programs | None = None
         self._distributed: bool | None = None
-        # Postgres: whether writes send search vectors (revision 0008's plain column); None
+        # Postgres: whether writes send search vectors (a plain ``search_vector`` column); None
         # until the first operation asks the database, with the mode (``_ready``).
         self._vectors: bool | None = None
-        # Postgres: whether search reads contents in stored order (``ds_search_text(json)``,
-        # revision 0009); set off by a search that finds no such function (an older schema).
+        # Postgres: whether search reads contents in stored order (``ds_search_text(json)``);
+        # set off by a search that finds no such function (a downgraded schema).
         self._stored_order = True
         self._wanted = distributed
         if ops.is_postgres:
@@ -160,28 +235,50 @@ class SQLStore:
                 self._choose(True, vectors=False)
                 self._vectors = False
         elif distributed:
-            raise InvalidArgumentError("distributed mode is for Postgres (Citus), not SQLite")
+            raise InvalidArgumentError("distributed mode is for Postgres (Citus) only")
+        elif ops.is_mysql:
+            install_mysql_session(engine.sync_engine)
+            self._chosen = MySQLPrograms(MySQLStatements(ops, engine.dialect))
+            self._distributed = False
+            self._vectors = None  # the first operation checks max_allowed_packet (_ready)
         else:
             install_sqlite_pragmas(engine.sync_engine, int(busy_timeout * 1000))
-            self._chosen = SQLitePrograms(SQLiteStatements(ops, engine.dialect))
+            blind = keyring is not None
+            self._chosen = SQLitePrograms(SQLiteStatements(ops, engine.dialect, blind=blind))
             self._distributed = False
             self._vectors = False
+        watch_connects(engine.sync_engine)
         self._runner = make_runner(engine)
+        self._env: Envelope | None = None
+        self._stepwise: Any = None  # with a keyring: the statements of sql/sealed.py
+        # With a keyring: the owner (incarnation, user, app) of sessions this process wrote,
+        # to choose their data key (see ``_owner``).
+        self._owners: dict[tuple[str, str], tuple[str, str, str]] = {}
+        if keyring is not None:
+            from ..sealing import Envelope, Sealer
+            from .keys import SQLKeyTable
+
+            table = SQLKeyTable(
+                lambda name, build: self._q.shape(name, build), self._runner.run, self._q.ops
+            )
+            self._env = Envelope(Sealer(keyring, table))
 
     @classmethod
-    def from_url(cls, url: str, **engine_options: Any) -> SQLStore:
+    def from_url(
+        cls, url: str, *, keyring: Keyring | None = None, **engine_options: Any
+    ) -> SQLStore:
         """Create a store with an engine of its own, which ``close()`` disposes.
 
         ``url`` is an async URL or a plain ``sqlite://`` or ``postgresql://`` one, which gets
         its async driver (the URLs the command line and ``alembic`` accept). Engine options
-        are passed to ``create_async_engine``.
+        are passed to ``create_async_engine``; ``keyring`` to the store.
 
         Raises:
             InvalidArgumentError: The URL is not valid or names an unsupported database.
         """
-        from ..urls import async_url
+        from .urls import async_url
 
-        store = cls(create_async_engine(async_url(url), **engine_options))
+        store = cls(create_async_engine(async_url(url), **engine_options), keyring=keyring)
         store._owns_engine = True
         return store
 
@@ -189,6 +286,11 @@ class SQLStore:
     def engine(self) -> AsyncEngine:
         """The engine the store runs on."""
         return self._engine
+
+    @property
+    def keyring(self) -> Keyring | None:
+        """The keyring the store encrypts with; None when it stores plaintext."""
+        return None if self._env is None else self._env.sealer.keyring
 
     @property
     def distributed(self) -> bool | None:
@@ -209,7 +311,7 @@ class SQLStore:
 
     def _choose(self, distributed: bool, *, vectors: bool) -> None:
         dialect = self._engine.dialect
-        if distributed:  # its writes never send vectors (see revision 0008)
+        if distributed:  # its writes never send vectors (Citus runs no trigger)
             self._chosen = make_distributed(self._ops, dialect)
         else:
             self._chosen = PostgresPrograms(PostgresStatements(self._ops, dialect, vectors=vectors))
@@ -219,24 +321,54 @@ class SQLStore:
         """Decide on first use, once (every operation awaits this before it builds its
         program): Postgres asks the database for the mode (unless ``distributed`` said
         it) and whether ``ds_events.search_vector`` is a column writes fill."""
-        if self._vectors is None:
+        if self._vectors is None and self._ops.is_mysql:
+            programs = self._programs
+            assert isinstance(programs, MySQLPrograms)
+            packet = await self._runner.run(programs.max_packet(), "read", operation)
+            check_packet(packet, self.max_value_bytes)
+            self._vectors = False
+        elif self._vectors is None:
             found = await self._runner.run(detect_schema(self._engine.dialect), "read", operation)
             distributed = found.distributed if self._wanted is None else self._wanted
             self._choose(distributed, vectors=bool(found.vectors))
             # Without the table (not migrated yet) the next operation asks again.
             self._vectors = found.vectors
             self._stored_order = True
+            if distributed and self._env is not None:
+                raise InvalidArgumentError(_NO_DISTRIBUTED_KEYRING)
 
     async def close(self) -> None:
         """Dispose the engine if this store created it (``from_url``); otherwise do nothing."""
         if self._owns_engine:
             await self._engine.dispose()
 
-    async def migrate(self, revision: str = "head") -> None:
-        """Run the bundled Alembic migrations up to ``revision`` on this store's engine."""
-        from ..migrate import upgrade  # Alembic is imported only when migrating
+    async def migrate(
+        self,
+        revision: str = "head",
+        *,
+        lock_timeout: float | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        """Run the bundled Alembic migrations up to ``revision`` on this store's engine.
 
-        await upgrade(self._engine, revision)
+        Online on Postgres: the service may go on reading and writing meanwhile, and several
+        processes may call it at once (they take turns; the later ones find nothing to do).
+
+        Args:
+            revision: The target revision id, or ``"head"``.
+            lock_timeout: Seconds a migration statement waits for a table lock before it
+                gives way and tries again, so that it never queues the service's queries
+                behind a long transaction.
+            progress: Called with each progress line of a long backfill.
+
+        Raises:
+            SchemaTooNewError: A newer durable-sessions migrated the database.
+            StoreUnavailableError: The database could not be reached.
+            ValueError: ``lock_timeout`` is not a positive number.
+        """
+        from .migrate import upgrade  # Alembic is imported only when migrating
+
+        await upgrade(self._engine, revision, lock_timeout=lock_timeout, progress=progress)
         if self._ops.is_postgres:
             self._vectors = None  # the next operation looks at the migrated schema again
             self._stored_order = True
@@ -259,6 +391,154 @@ class SQLStore:
                 raise
             return await self._run(job(), operation)
 
+    # -- encryption (with a keyring) -------------------------------------------------------------
+
+    async def _opened(self, session: Session, *, with_state: bool = True) -> Session:
+        """Open a session read from the database (its title and state), in place."""
+        if self._env is not None:
+            await self._env.open_session(session)
+            if with_state:
+                session.mark_persisted()
+            self._remember_owner(session)
+        return session
+
+    async def _opened_events(
+        self, org_id: str, session_id: str, events: builtins.list[Event]
+    ) -> builtins.list[Event]:
+        """Open events read from the database."""
+        if self._env is None:
+            return events
+        return [await self._env.open_event(org_id, session_id, event) for event in events]
+
+    def _remember_owner(self, session: Session) -> None:
+        if len(self._owners) > 100_000:
+            self._owners.clear()
+        key = (session.org_id, session.id)
+        self._owners[key] = (session.incarnation, session.user_id, session.app_name)
+
+    async def _owner(
+        self, org_id: str, session_id: str, incarnation: str | None
+    ) -> tuple[str, str]:
+        """The (user, app) of a session, whose data keys seal what is written to it.
+
+        Known from this process's reads and writes of the session; read otherwise, and
+        whenever the caller names another incarnation. An unguarded write (no incarnation)
+        to an id deleted and created again for another user since this process saw it is
+        sealed with the former user's key: pass the incarnation (``Manager`` does) to rule
+        that out.
+        """
+        known = self._owners.get((org_id, session_id))
+        if known is not None and incarnation in (None, known[0]):
+            return known[1], known[2]
+        params = {"k_org": org_id, "k_id": session_id}
+        rows = await self._runner.run(
+            self._programs.rows(self._q.meta, params, session_from_row), "read", "owner"
+        )
+        if not rows:
+            raise SessionNotFoundError(org_id, session_id)
+        self._remember_owner(rows[0])
+        return rows[0].user_id, rows[0].app_name
+
+    async def _keys(
+        self, org_id: str, user_id: str, app_name: str, with_app: bool
+    ) -> tuple[DataKey, DataKey | None]:
+        env = self._env
+        assert env is not None
+        user = await env.user_key(org_id, user_id)
+        return user, (await env.app_key(org_id, app_name) if with_app else None)
+
+    async def _expected(self, session: Session, delta: ScopedDelta) -> ScopedDelta:
+        """A save's expected values of the shared keys it deletes, as stored.
+
+        The statements compare a stored value with the expected one as stored text: each
+        stored value equal (opened) to what the copy read is expected as it is stored; one
+        that differs stays as read, which no sealed text equals (the save is stale).
+        """
+        env = self._env
+        assert env is not None
+        org, app, user = session.org_id, session.app_name, session.user_id
+        key = {"k_org": org, "k_app": app, "k_user": user}
+        for scope, expected in (("user", delta.user_expected), ("app", delta.app_expected)):
+            if not expected:
+                continue
+            stmt = self._q.user_values if scope == "user" else self._q.app_values
+            program = self._programs.rows(stmt, {**key, "k_keys": sorted(expected)}, tuple)
+            for name, value in await self._runner.run(program, "read", "update"):
+                if scope == "user":
+                    opened = (await env.open_user(org, app, user, [(name, value)]))[name]
+                else:
+                    opened = (await env.open_app(org, app, [(name, value)]))[name]
+                if json_equal(opened, expected[name]):
+                    expected[name] = value
+        return delta
+
+    # -- keys ------------------------------------------------------------------------------------
+
+    async def rotate_keys(self) -> int:
+        """Re-wrap every data key under the keyring's current master key; return how many.
+
+        Only ``ds_keys`` changes (no sealed value is rewritten); afterwards the keyring's
+        older master keys can be removed (``LocalKeyring.remove``). Run it after the
+        keyring got a new current master key (``LocalKeyring.rotate()``, or the KMS's).
+
+        Raises:
+            InvalidArgumentError: the store has no keyring.
+            DecryptionError: a data key does not unwrap (its master key is gone already).
+        """
+        if self._env is None:
+            raise _no_keyring("rotate_keys")
+        await self._ready("rotate_keys")
+        return await self._env.sealer.rotate()
+
+    async def reencrypt(self, *, new_keys: bool = True, batch: int = 500) -> int:
+        """Move every row to the current data key of its user (or app); return how many
+        rows were rewritten.
+
+        With ``new_keys`` (the default), every user and app that owns data gets a new data
+        key first, so that every row moves; without, rows move to the keys that are current
+        (resuming a run that was stopped, or sealing what was written before the store had
+        a keyring). Long-term memories move too. Online: each table is walked by primary
+        key in batches of ``batch`` rows, each written in a short transaction that skips a
+        row written meanwhile; a run can be stopped and run again. The organisation's blind
+        index key stays.
+
+        Raises:
+            InvalidArgumentError: the store has no keyring, or ``batch`` is not positive.
+            DecryptionError: a stored value does not decrypt.
+        """
+        if self._env is None:
+            raise _no_keyring("reencrypt")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise InvalidArgumentError(f"batch must be a positive integer, not {batch!r}")
+        from ..sealing import APP, USER
+        from .reseal import Resealer
+
+        await self._ready("reencrypt")
+        env = self._env
+        resealer = Resealer(
+            env,
+            lambda n, b: self._q.shape(n, b),
+            self._runner.run,
+            self._ops.is_postgres,
+            batch,
+            self._memory_q,
+        )
+        if new_keys:
+            users, apps = await resealer.scopes()
+            for org_id, user_id in users:
+                await env.sealer.new_key(org_id, USER, user_id)
+            for org_id, app_name in apps:
+                await env.sealer.new_key(org_id, APP, app_name)
+        moved = await resealer.sessions()
+        moved += await resealer.events()
+        moved += await resealer.shared(USER)
+        moved += await resealer.shared(APP)
+        moved += await resealer.memories()
+        # SQLite: the plaintext words of the events sealed now leave the full-text index's
+        # segments, and the old pages the log (as after an erasure).
+        await self._erase_traces("reencrypt", "", moved, moved)
+        return moved
+
     # -- Store ---------------------------------------------------------------------------------
 
     async def create(self, session: Session) -> Session:
@@ -273,7 +553,22 @@ class SQLStore:
             "incarnation": new_id(),
         }  # fmt: skip
         await self._ready("create")
-        user, app = await self._run(self._programs.create(row, delta), "create")
+        env, stored = self._env, delta
+        if env is not None:
+            org, sid, app_name, user_id = (
+                session.org_id,
+                session.id,
+                session.app_name,
+                session.user_id,
+            )
+            keys = await self._keys(org, user_id, app_name, bool(delta.app_set))
+            stored = env.seal_changes(*keys, org, sid, app_name, user_id, delta)
+            row["title"] = env.seal_title(keys[0], org, sid, session.title)
+            row["state"] = stored.private_set
+        user, app = await self._run(self._programs.create(row, stored), "create")
+        if env is not None:
+            user = (await env.open_user(org, app_name, user_id, user)).items()
+            app = (await env.open_app(org, app_name, app)).items()
         temp = {k: v for k, v in session.state.items() if scope_of(k) == "temp"}
         session.state = {**merge_state(delta.private_set, user, app), **temp}
         session.created_at = session.updated_at = now
@@ -281,13 +576,16 @@ class SQLStore:
         session.version = 1
         session.incarnation = str(row["incarnation"])
         session.mark_persisted()
+        if env is not None:
+            self._remember_owner(session)
         return session
 
     async def get(self, org_id: str, session_id: str) -> Session:
         """Return a session with its private and shared state merged into ``state``."""
         check_session(org_id, session_id)
         await self._ready("get")
-        return await self._runner.run(self._programs.get(org_id, session_id), "read", "get")
+        session = await self._runner.run(self._programs.get(org_id, session_id), "read", "get")
+        return await self._opened(session)
 
     async def get_with_events(
         self,
@@ -301,14 +599,16 @@ class SQLStore:
         shape, params = _events_read(org_id, session_id, limit, after)
         await self._ready("get")
         try:
-            return await self._run(self._programs.get_with_events(shape, params), "get")
+            session = await self._run(self._programs.get_with_events(shape, params), "get")
         except StoreError as exc:
             if not _sqlstate_in(exc, _TOO_LARGE):
                 raise
-        # Postgres builds the transcript as one json text, which cannot pass 1 GB: a
-        # larger one is read as rows instead (whatever list_events returns, this returns).
-        # The session and its events are then two statements, not one snapshot.
-        return await self._run(self._programs.session_then_events(shape, params), "get")
+            # Postgres builds the transcript as one json text, which cannot pass 1 GB: a
+            # larger one is read as rows instead (whatever list_events returns, this
+            # returns). The session and its events are then two statements, not one snapshot.
+            session = await self._run(self._programs.session_then_events(shape, params), "get")
+        session.events = await self._opened_events(org_id, session_id, session.events)
+        return await self._opened(session)
 
     async def get_with_events_json(
         self,
@@ -320,6 +620,10 @@ class SQLStore:
     ) -> tuple[Session, str]:
         """Return a session with its state, and its events as JSON text (see ``Store``):
         nothing is decoded but the session row."""
+        if self._env is not None:  # the events are opened one by one: as get_with_events
+            session = await self.get_with_events(org_id, session_id, limit=limit, after=after)
+            text, session.events = events_json(session.events), []
+            return session, text
         shape, params = _events_read(org_id, session_id, limit, after)
         await self._ready("get")
         try:
@@ -341,6 +645,16 @@ class SQLStore:
             "v_state": {k: v for k, v in session.state.items() if scope_of(k) == "private"},
         }  # fmt: skip
         await self._ready("update")
+        env = self._env
+        if env is not None:
+            org, sid, app_name = session.org_id, session.id, session.app_name
+            keys = await self._keys(org, session.user_id, app_name, bool(delta.app_set))
+            delta = env.seal_changes(*keys, org, sid, app_name, session.user_id, delta)
+            if delta.user_expected or delta.app_expected:
+                delta = await self._expected(session, delta)
+            params["v_title"] = env.seal_title(keys[0], org, sid, session.title)
+            private = cast("dict[str, Any]", params["v_state"])
+            params["v_state"] = env.seal_private(keys[0], org, sid, private)
         session.version = await self._run(self._programs.update(params, delta), "update")
         session.updated_at = now
         session.mark_persisted()
@@ -360,6 +674,7 @@ class SQLStore:
         key = {"k_org": org_id, "k_id": session_id, "k_app": app_name, "k_user": user_id}
         await self._ready("delete")
         await self._run(self._programs.delete(key), "delete")
+        self._owners.pop((org_id, session_id), None)
 
     async def list(self, filter: Filter) -> builtins.list[Session]:
         """Return matching sessions, most recently updated first (state only on request)."""
@@ -377,7 +692,10 @@ class SQLStore:
             "k_parent": filter.parent_id, "k_limit": filter.limit,
         }  # fmt: skip
         program = self._programs.listing(stmt, params, filter.with_state)
-        return await self._runner.run(program, "read", "list")
+        found = await self._runner.run(program, "read", "list")
+        for session in found if self._env is not None else ():
+            await self._opened(session, with_state=filter.with_state)
+        return found
 
     async def list_states_json(self, filter: Filter) -> str:
         """Return the listing of ``list(filter)`` with state as one JSON text (see ``Store``):
@@ -394,7 +712,19 @@ class SQLStore:
             "k_org": filter.org_id, "k_user": filter.user_id, "k_app": filter.app_name,
             "k_parent": filter.parent_id, "k_limit": filter.limit,
         }  # fmt: skip
-        return await self._runner.run(self._programs.listing_json(stmt, params), "read", "list")
+        text = await self._runner.run(self._programs.listing_json(stmt, params), "read", "list")
+        env = self._env
+        if env is None:
+            return text
+        org, listing = filter.org_id, loads_json(text)
+        assert isinstance(listing, dict)
+        for row in listing["sessions"]:
+            row[6] = await env.open_private(org, row[0], row[6])
+        for row in listing["users"]:
+            row[2] = await env.open_user(org, row[0], row[1], row[2].items())
+        for row in listing["apps"]:
+            row[1] = await env.open_app(org, row[0], row[1].items())
+        return to_json(listing)
 
     async def list_page(self, filter: Filter, *, cursor: str | None = None) -> Page:
         """Return one page of ``list`` after ``cursor``: one statement, a range of the
@@ -418,6 +748,8 @@ class SQLStore:
         }  # fmt: skip
         program = self._programs.listing(stmt, params, filter.with_state)
         found = await self._runner.run(program, "read", "list")
+        for session in found if self._env is not None else ():
+            await self._opened(session, with_state=filter.with_state)
         return make_page(filter, found, size)
 
     async def append_event(
@@ -430,18 +762,39 @@ class SQLStore:
         incarnation: str | None = None,
     ) -> Event:
         """Append an event and apply its state delta, atomically (see ``Store``)."""
-        check_session(org_id, session_id)
-        check_expected(expected_version, incarnation)
+        params = _guarded(org_id, session_id, expected_version, incarnation)
         stored, delta = prepare_event(event, self.max_value_bytes)
-        params: dict[str, Any] = {
-            "k_org": org_id, "k_id": session_id, "v_tokens": stored.tokens, "v_now": utcnow(),
-            "v_expected": expected_version, "v_incarnation": incarnation,
-        }  # fmt: skip
+        params["v_tokens"] = stored.tokens
         await self._ready("append_event")
+        kept = stored
+        if self._env is not None:
+            sealed, delta = await self._seal_events(
+                org_id, session_id, incarnation, [stored], delta
+            )
+            kept = sealed[0]
         stored.seq = await self._with_vectors(
-            lambda: self._programs.append(params, stored, delta), "append_event"
+            lambda: self._programs.append(params, kept, delta), "append_event"
         )
         return stored
+
+    async def _seal_events(
+        self,
+        org_id: str,
+        session_id: str,
+        incarnation: str | None,
+        events: builtins.list[Event],
+        delta: ScopedDelta,
+    ) -> tuple[builtins.list[Event], ScopedDelta]:
+        """Events and their delta as stored: sealed with the session owner's keys."""
+        env = self._env
+        assert env is not None
+        user_id, app_name = await self._owner(org_id, session_id, incarnation)
+        keys = await self._keys(org_id, user_id, app_name, bool(delta.app_set))
+        index = await env.sealer.index_key(org_id)
+        sealed: builtins.list[Event] = [
+            env.seal_event(keys[0], org_id, session_id, e, index.blind(e.content)) for e in events
+        ]
+        return sealed, env.seal_changes(*keys, org_id, session_id, app_name, user_id, delta)
 
     async def list_events(
         self,
@@ -467,7 +820,7 @@ class SQLStore:
         found = await self._runner.run(program, "read", "list_events")
         if limit is not None and after_seq is None:
             found.reverse()
-        return found
+        return await self._opened_events(org_id, session_id, found)
 
     async def touch(
         self,
@@ -487,7 +840,13 @@ class SQLStore:
             "v_title": title, "v_now": utcnow(), "v_incarnation": incarnation,
         }  # fmt: skip
         await self._ready("touch")
-        return await self._runner.run(self._programs.touch(params), "atomic", "touch")
+        env = self._env
+        if env is not None and title:
+            user_id, app_name = await self._owner(org_id, session_id, incarnation)
+            key, _ = await self._keys(org_id, user_id, app_name, False)
+            params["v_title"] = env.seal_title(key, org_id, session_id, title)
+        found = await self._runner.run(self._programs.touch(params), "atomic", "touch")
+        return await self._opened(found, with_state=False)
 
     async def fork(
         self,
@@ -508,7 +867,29 @@ class SQLStore:
             "v_with_events": with_events, "v_child_incarnation": incarnation,
         }  # fmt: skip
         await self._ready("fork")
+        if self._env is not None:
+            return await self._fork_sealed(params)
         return await self._with_vectors(lambda: self._programs.fork(params), "fork")
+
+    async def _fork_sealed(self, params: dict[str, Any]) -> Session:
+        """A fork with a keyring: one write transaction that opens the parent's values
+        and seals them for the child (``sql/sealed.py``)."""
+        from ..sealing import USER
+        from .sealed import sealed_fork, sealed_fork_statements
+
+        env = self._env
+        assert env is not None
+        org_id = params["k_org"]
+        user_id, _ = await self._owner(org_id, params["k_id"], None)
+        keys = await env.sealer.scope_keys(org_id, USER, user_id)
+        current = await env.user_key(org_id, user_id)
+        index = await env.sealer.index_key(org_id)
+        if self._stepwise is None:
+            sqlite = None if self._ops.is_postgres else cast(SQLiteStatements, self._q)
+            self._stepwise = sealed_fork_statements(self._ops, self._engine.dialect, sqlite)
+        statements = self._stepwise
+        job = sealed_fork(statements, params, keys, current, index)
+        return await self._opened(await self._run(job, "fork"))
 
     # -- retention -------------------------------------------------------------------------------
 
@@ -556,12 +937,12 @@ class SQLStore:
         """
         params = {"k_org": org_id, "k_cutoff": check_purge(org_id, older_than, utcnow())}
         if dry_run:
-            await self._ready("purge")
-            count = self._programs.count(self._q.retention("purge").remaining, params)
-            return await self._runner.run(count, "read", "purge")
-        return await self._delete_all("purge", params)
+            return await self._count_doomed("purge", params)
+        deleted = await self._delete_all("purge", params)
+        await self._erase_traces("purge", org_id, deleted)
+        return deleted
 
-    async def delete_user(self, org_id: str, user_id: str) -> int:
+    async def delete_user(self, org_id: str, user_id: str, *, dry_run: bool = False) -> int:
         """Erase a user's sessions, events and ``user:`` state in one organisation.
 
         Every session of the user that exists when it starts is deleted: sessions that
@@ -569,17 +950,96 @@ class SQLStore:
         skipped. Sessions of the user created while it runs (by a create or a fork) are
         erased too, as it goes on until a pass finds none left; the ``user:`` state goes in
         that last pass. Only a session created after that pass survives: stop the user's
-        traffic first for an erasure nothing can follow.
+        traffic first for an erasure nothing can follow. With ``dry_run``, nothing is
+        deleted: the count is of the sessions it would delete now (as ``purge``'s).
+
+        What leaves the disk, and when:
+
+        - SQLite: nothing of what it removed is left in the database file or its
+          write-ahead log when it returns. The store's connections overwrite freed bytes
+          with zeros (``PRAGMA secure_delete``), the full-text index is merged so that the
+          removed words leave its segments (one merge of the whole index, after the
+          deletes), and the log is checkpointed and truncated. A file written before
+          without ``secure_delete`` (by an older version, or another program) may still
+          hold bytes freed back then: ``VACUUM`` it once.
+        - Postgres: the rows are gone for every query at commit, but their bytes stay in
+          the table, TOAST and index pages until those are reused, and in the write-ahead
+          log, its archive and backups until those are recycled or expire. ``VACUUM``
+          (autovacuum) only marks the space free; ``VACUUM FULL`` (an exclusive lock) or
+          ``pg_repack`` rewrite the tables into new files, and the old files' blocks are
+          then the filesystem's. See ``docs/guides/erasure.md``.
 
         Raises:
             DeletionIncompleteError: writers held, or kept creating, sessions of the user
-                past ``lock_timeout``; what was deleted stays deleted, and running it again
-                finishes the erasure.
+                past ``lock_timeout``, or (SQLite) readers kept the write-ahead log from
+                being emptied that long; what was deleted stays deleted, and running it
+                again finishes the erasure.
         """
         check_delete_user(org_id, user_id)
         params = {"k_org": org_id, "k_user": user_id}
+        if dry_run:
+            return await self._count_doomed("delete_user", params)
         await self._ready("delete_user")
-        return await self._delete_all("delete_user", params, self._q.drop_user_state)
+        deleted = await self._delete_all("delete_user", params, self._q.drop_user_state)
+        program = forget_user_program(self._memory_q, params)
+        forgotten = await self._runner.run(program, "write", "delete_user")
+        if self._env is not None:  # crypto-shredding: every copy of the rows is noise now
+            from ..sealing import USER
+
+            await self._env.sealer.forget(org_id, USER, user_id)
+            self._owners.clear()
+        await self._erase_traces("delete_user", org_id, deleted, forgotten)
+        return deleted
+
+    async def count_user_memories(self, org_id: str, user_id: str) -> int:
+        """Return how many long-term memories the user has in the organisation, over every
+        app: what ``delete_user`` erases beside the user's sessions."""
+        check_delete_user(org_id, user_id)
+        await self._ready("count_user_memories")
+        params = {"k_org": org_id, "k_user": user_id}
+        program = count_program(self._memory_q.count_user, params)
+        return await self._runner.run(program, "read", "count_user_memories")
+
+    async def count_user_state(self, org_id: str, user_id: str) -> int:
+        """Return how many ``user:`` keys the user has in the organisation, over every app:
+        what ``delete_user`` erases beside the user's sessions."""
+        check_delete_user(org_id, user_id)
+        await self._ready("count_user_state")
+        params = {"k_org": org_id, "k_user": user_id}
+        program = self._programs.count(self._q.count_user_state, params)
+        return await self._runner.run(program, "read", "count_user_state")
+
+    async def _count_doomed(self, kind: str, params: dict[str, Any]) -> int:
+        """The sessions a ``purge`` or ``delete_user`` would delete now."""
+        await self._ready(kind)
+        count = self._programs.count(self._q.retention(kind).remaining, params)
+        return await self._runner.run(count, "read", kind)
+
+    async def _erase_traces(self, kind: str, org_id: str, deleted: int, forgotten: int = 0) -> None:
+        """SQLite: leave nothing of what an erasure removed in the file or its log.
+
+        The rows' bytes were zeroed as they were freed (``secure_delete``); the full-text
+        index still holds the removed events' words until its segments merge (merged here
+        when sessions were deleted), and the write-ahead log holds the pages as they were
+        before (copied back and truncated here; a reader still on an old page is waited
+        for, up to ``lock_timeout``). Postgres keeps no such promise (see ``delete_user``).
+        """
+        programs = self._programs
+        if not isinstance(programs, SQLitePrograms):
+            return
+        if deleted:
+            await self._run(programs.merge_search_index(), kind)
+        if forgotten:
+            await self._run(programs.merge_memory_index(), kind)
+        deadline = time.monotonic() + self.lock_timeout
+        while not await self._run(programs.checkpoint(), kind):
+            if time.monotonic() >= deadline:
+                raise DeletionIncompleteError(
+                    kind, org_id, deleted, 0,
+                    reason="readers kept the write-ahead log, which still holds the erased "
+                    "pages, from being emptied",
+                )  # fmt: skip
+            await asyncio.sleep(0.05)
 
     async def get_shared_state(self, org_id: str, app_name: str, user_id: str) -> dict[str, Any]:
         """Return the ``user:`` and ``app:`` state of (app, user), prefixed, in one statement."""
@@ -590,7 +1050,10 @@ class SQLStore:
         await self._ready("get_shared_state")
         program = self._programs.rows(self._q.shared, params, lambda row: row)
         (row,) = await self._runner.run(program, "read", "get_shared_state")
-        return merge_state({}, *shared_items(row.user_state, row.app_state))
+        shared = merge_state({}, *shared_items(row.user_state, row.app_state))
+        if self._env is not None:
+            shared = await self._env.open_state(org_id, "", app_name, user_id, shared)
+        return shared
 
     # -- batches and truncation ------------------------------------------------------------------
 
@@ -608,14 +1071,8 @@ class SQLStore:
 
         One statement on Postgres; one write transaction on SQLite.
         """
-        check_session(org_id, session_id)
-        check_expected(expected_version, incarnation)
-        check_title(title)
+        params = _guarded(org_id, session_id, expected_version, incarnation, title=title)
         prepared = [prepare_event(event, self.max_value_bytes) for event in events]
-        params: dict[str, Any] = {
-            "k_org": org_id, "k_id": session_id, "v_now": utcnow(),
-            "v_expected": expected_version, "v_incarnation": incarnation, "v_title": title,
-        }  # fmt: skip
         await self._ready("append_events")
         if not prepared:
             await self._runner.run(self._programs.check_guard(params), "read", "append_events")
@@ -629,8 +1086,15 @@ class SQLStore:
         params.update(
             v_count=len(stored), v_messages=len(stored), v_tokens=sum(e.tokens for e in stored)
         )
+        kept = stored
+        if self._env is not None:
+            kept, delta = await self._seal_events(org_id, session_id, incarnation, stored, delta)
+            if title:
+                user_id, app_name = await self._owner(org_id, session_id, incarnation)
+                key, _ = await self._keys(org_id, user_id, app_name, False)
+                params["v_title"] = self._env.seal_title(key, org_id, session_id, title)
         last = await self._with_vectors(
-            lambda: self._programs.append_many(params, stored, delta), "append_events"
+            lambda: self._programs.append_many(params, kept, delta), "append_events"
         )
         for offset, event in enumerate(stored, start=last - len(stored) + 1):
             event.seq = offset
@@ -651,19 +1115,13 @@ class SQLStore:
         landed while it ran; removed events past 1 GB of JSON, which that statement cannot
         return, take a write transaction of steps instead); one write transaction on SQLite.
         """
-        check_session(org_id, session_id)
-        check_after_seq(after_seq)
-        check_expected(expected_version, incarnation)
-        params: dict[str, Any] = {
-            "k_org": org_id, "k_id": session_id, "k_after_seq": after_seq, "v_now": utcnow(),
-            "v_expected": expected_version, "v_incarnation": incarnation,
-        }  # fmt: skip
+        params = _guarded(org_id, session_id, expected_version, incarnation, after_seq=after_seq)
         await self._ready("truncate_events")
         try:
             for job in self._programs.truncate(params):
                 removed = await self._run(job, "truncate_events")
                 if removed is not None:
-                    return removed
+                    return await self._opened_events(org_id, session_id, removed)
         except StoreError as exc:
             # Postgres returns the removed events as one json text, which cannot pass 1 GB:
             # past it, nothing was written, and the truncation runs again in steps that
@@ -671,8 +1129,28 @@ class SQLStore:
             in_steps = self._programs.truncate_rows(params)
             if in_steps is None or not _sqlstate_in(exc, _TOO_LARGE):
                 raise
-            return await self._run(in_steps, "truncate_events")
+            removed = await self._run(in_steps, "truncate_events")
+            return await self._opened_events(org_id, session_id, removed)
         raise AssertionError("the last truncation job always answers")  # pragma: no cover
+
+    async def discard_events(
+        self,
+        org_id: str,
+        session_id: str,
+        *,
+        after_seq: int,
+        expected_version: int | None = None,
+        incarnation: str | None = None,
+    ) -> int:
+        """Remove the events after ``after_seq``; return how many (see ``Store``).
+
+        One write transaction: the session row locked (Postgres), the removed events
+        counted and their tokens summed in SQL, deleted, and the counters moved; no event
+        is read, so its memory is the same for ten events or a million.
+        """
+        params = _guarded(org_id, session_id, expected_version, incarnation, after_seq=after_seq)
+        await self._ready("discard_events")
+        return await self._run(self._programs.discard(params), "discard_events")
 
     async def pop_event(
         self,
@@ -687,16 +1165,12 @@ class SQLStore:
         One statement on Postgres (a second, locked attempt only if a concurrent write
         landed while it ran); one write transaction on SQLite.
         """
-        check_session(org_id, session_id)
-        check_expected(expected_version, incarnation)
-        params: dict[str, Any] = {
-            "k_org": org_id, "k_id": session_id, "v_now": utcnow(),
-            "v_expected": expected_version, "v_incarnation": incarnation,
-        }  # fmt: skip
+        params = _guarded(org_id, session_id, expected_version, incarnation)
         await self._ready("pop_event")
         for job in self._programs.pop(params):
             removed = await self._run(job, "pop_event")
             if removed is not None:
+                removed = await self._opened_events(org_id, session_id, removed)
                 return removed[0] if removed else None
         raise AssertionError("the last pop job always answers")  # pragma: no cover
 
@@ -710,6 +1184,8 @@ class SQLStore:
         read as one row per event instead).
         """
         _, params = _events_read(org_id, session_id, limit, None)
+        if self._env is not None:  # each content opened with its event's id: read the events
+            return [e.content for e in await self.list_events(org_id, session_id, limit=limit)]
         has_limit = limit is not None
         await self._ready("list_events")
         stmt = self._q.contents_statement(has_limit)
@@ -722,7 +1198,7 @@ class SQLStore:
             rows = self._q.contents_statement(has_limit, as_rows=True)
             program = self._programs.contents(rows, params, as_rows=True)
             whole = await self._runner.run(program, "read", "list_events")
-        return [] if whole is None else loads_document(whole)
+        return [] if whole is None else loads_json(whole)
 
     # -- search ----------------------------------------------------------------------------------
 
@@ -742,27 +1218,112 @@ class SQLStore:
         ``ds_events.search_vector``, SQLite's FTS5 table; every hit is ranked, so the
         cost grows with the number of events that hold all the words.
         """
-        check_search(org_id, text, user_id, app_name, session_id, limit)
+        wanted = check_search(org_id, text, user_id, app_name, session_id, limit)
         shape = (user_id is not None, app_name is not None, session_id is not None)
         await self._ready("search")
         postgres = self._ops.is_postgres
+        if self._env is not None:  # the blind index: the words' keyed hashes
+            index = await self._env.sealer.index_key(org_id)
+            text = " ".join(index.term(word) for word in wanted)
         params = {
             "k_org": org_id, "k_text": text, "k_match": "" if postgres else fts_match(text),
             "k_user": user_id, "k_app": app_name, "k_session": session_id, "k_limit": limit,
         }  # fmt: skip
+        if self._ops.is_mysql:
+            wanted = sorted({fold(word) for word in query_words(text)})
+            params["k_words"] = wanted  # type: ignore[assignment]
+            params["k_count"] = len(wanted)
+            stmt = self._q.shape(("search", *shape), partial(mysql_search_query, *shape))
+            program = self._programs.rows(stmt, params, _hit_from_row)
+            return await self._runner.run(program, "read", "search")
         while True:
             ordered = self._stored_order
             build = partial(search_query, postgres, *shape, stored_order=ordered)
             stmt = self._q.shape(("search", ordered, *shape), build)
             program = self._programs.rows(stmt, params, _hit_from_row)
             try:
-                return await self._runner.run(program, "read", "search")
+                hits = await self._runner.run(program, "read", "search")
+                if self._env is None:
+                    return hits
+                open_ = self._env.open_event
+                return [
+                    SearchHit(h.session_id, await open_(org_id, h.session_id, h.event))
+                    for h in hits
+                ]
             except (StoreError, SchemaNotMigratedError) as exc:
-                # A schema before revision 0009 (downgraded since the store looked): search
-                # as it reads contents, cast to jsonb.
+                # A schema without ``ds_search_text(json)`` (downgraded since the store
+                # looked): search as it reads contents, cast to jsonb.
                 if not (postgres and ordered and _sqlstate_in(exc, _NO_FUNCTION)):
                     raise
                 self._stored_order = False
+
+    # -- long-term memory ------------------------------------------------------------------------
+
+    @property
+    def _memory_q(self) -> MemoryStatements:
+        return MemoryStatements(self._q, self._ops.is_postgres, bool(self._distributed))
+
+    def _memory_write(self, make: Callable[[], Program[T]]) -> Program[T]:
+        """A write of memories; on MySQL run again after a deadlock or a lock wait timeout
+        (the user's row lock of ``ds_memory_terms`` is taken by an upsert)."""
+        return retried(make) if self._ops.is_mysql else make()
+
+    async def add_memories(
+        self, org_id: str, app_name: str, user_id: str, memories: builtins.list[Memory]
+    ) -> builtins.list[Memory]:
+        """Add memories of a user in one transaction; those whose id the user has are
+        skipped (see ``Store``)."""
+        check_owner(org_id, app_name, user_id)
+        prepared = prepare_memories(memories, self.max_value_bytes)
+        if not prepared:
+            return []
+        await self._ready("add_memories")
+        owner = {"k_org": org_id, "k_app": app_name, "k_user": user_id}
+        env = self._env
+        if env is None:
+            program = self._memory_write(lambda: add_program(self._memory_q, owner, prepared))
+            return await self._runner.run(program, "write", "add_memories")
+        key = await env.user_key(org_id, user_id)
+        index = await env.sealer.index_key(org_id)
+        sealed: builtins.list[Memory] = [
+            env.seal_memory(key, index, org_id, app_name, user_id, m) for m in prepared
+        ]
+        program = self._memory_write(lambda: add_program(self._memory_q, owner, sealed))
+        added = {m.id for m in await self._runner.run(program, "write", "add_memories")}
+        return [m for m in prepared if m.id in added]
+
+    async def search_memories(
+        self, org_id: str, app_name: str, user_id: str, text: str, *, limit: int = 20
+    ) -> builtins.list[Memory]:
+        """Return the user's memories sharing a word with ``text``, best first (see
+        ``Store``): two statements over the full-text index (GIN on Postgres, FTS5 on
+        SQLite), the user's term counts and then the ranked memories."""
+        terms = check_memory_search(org_id, app_name, user_id, text, limit)
+        if not terms:
+            return []
+        await self._ready("search_memories")
+        owner = {"k_org": org_id, "k_app": app_name, "k_user": user_id}
+        env = self._env
+        if env is not None:  # the blind index: the terms' keyed hashes
+            index = await env.sealer.index_key(org_id)
+            terms = [index.term(term) for term in terms]
+        program = search_program(self._memory_q, owner, terms, limit)
+        found = await self._runner.run(program, "read", "search_memories")
+        if env is None:
+            return found
+        return [await env.open_memory(org_id, app_name, user_id, m) for m in found]
+
+    async def delete_memories(
+        self, org_id: str, app_name: str, user_id: str, *, memory_id: str | None = None
+    ) -> int:
+        """Delete one memory of the user, or all of them in that app; return how many."""
+        check_owner(org_id, app_name, user_id)
+        owner = {"k_org": org_id, "k_app": app_name, "k_user": user_id}
+        if memory_id is not None:
+            validate_id("memory_id", memory_id)
+        await self._ready("delete_memories")
+        program = self._memory_write(lambda: forget_program(self._memory_q, owner, memory_id))
+        return await self._runner.run(program, "write", "delete_memories")
 
 
 def _hit_from_row(row: Any) -> SearchHit:

@@ -1,32 +1,38 @@
-"""Stream a whole database to and from JSON Lines: sessions, shared state and events.
+"""Stream a whole database to and from JSON Lines: sessions, shared state, events, memories.
 
-One JSON object per line, each with a ``type``: a ``header``; every ``session`` (with its
-private state) followed by its ``event`` records by seq; then ``user_state`` and
-``app_state`` rows. A record's fields are its table's columns; timestamps are ISO-8601 UTC
-with microseconds. Export reads every organisation in keyset pages, in primary-key order by
-code point, inside one read-only snapshot, and writes canonical lines (sorted keys, no
-spaces, UTF-8): flat memory, a consistent copy, and the same bytes from SQLite and Postgres.
-Import is all or nothing, one transaction inserting in batches: it refuses the input at the
-first malformed line, or a session or state row that already exists, naming the line.
+One JSON object per line, each with a ``type``: a ``header``; the wrapped data keys of an
+encrypted store (``key`` records, none for a store without a keyring); every ``session``
+(with its private state) followed by its ``event`` records by seq; then ``user_state`` and
+``app_state`` rows, then long-term ``memory`` rows (their ``terms`` are not written: an
+import computes them from the text). An encrypted store's values are written sealed, as
+stored, unless the export is asked to decrypt them; an import into a store with the same
+keyring computes their blind index again (``sealed_transfer``). A record's fields are its
+table's columns; timestamps are ISO-8601 UTC with microseconds. Export reads every
+organisation in keyset pages, in primary-key order by code point, inside one read-only
+snapshot, and writes canonical lines (sorted keys, no spaces, UTF-8): flat memory, a
+consistent copy, and the same bytes from SQLite and Postgres.
+Import is all or nothing, one transaction inserting in batches (``loader.Loader``): it refuses
+the input at the first malformed line, or a session or state row that already exists, naming
+the line, and ends by refreshing the planner's statistics of the tables it filled.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import re
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ColumnElement,
-    LargeBinary,
     Select,
-    String,
     Table,
     Text,
-    bindparam,
     case,
     cast,
     func,
@@ -38,28 +44,38 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..errors import InvalidArgumentError, SessionError
+from ..memories import stored_terms
 from ..model import new_id
-from ..prepare import check_title
+from ..prepare import EARLIEST, LATEST, TIMESTAMP_RANGE, check_timestamp, check_title, cut_title
 from ..state import (
     APP_PREFIX,
     MAX_DEPTH,
+    MAX_INT64,
     TEMP_PREFIX,
     USER_PREFIX,
+    check_text,
     scope_of,
     validate_id,
     validate_key,
     validate_value,
 )
 from .dialect import dialect_ops
-from .runner import TransactionConnection, write_transaction
-from .schema import app_state, events, sessions, user_state
+from .loader import Keyset, Loader, RowExistsError, text_size
+from .schema import app_state, events, keys, memories, memory_terms, sessions, user_state
 from .store import SQLStore
+
+if TYPE_CHECKING:
+    from ..sealing import Envelope
+    from .sealed_transfer import BlindIndexer
+from .transactions import TransactionConnection, write_transaction
 from .translate import translated
 
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "ExportIncompleteError",
     "ImportLineError",
+    "KeyringRequiredError",
     "TransferCounts",
     "count_sessions",
     "dumps",
@@ -86,9 +102,7 @@ most INLINE_BYTES) and BATCH_BYTES of larger values or one larger value, whateve
 its memory does not grow with the number or the size of events (tests/sql/test_transfer.py).
 """
 BATCH_SIZE = 1000
-"""Rows inserted per statement on import."""
-
-_MAX_BIGINT = 2**63 - 1
+"""Rows inserted per batch on import (and at most ``loader.BATCH_BYTES`` of lines)."""
 
 
 class ImportLineError(InvalidArgumentError):
@@ -98,6 +112,40 @@ class ImportLineError(InvalidArgumentError):
         super().__init__(f"line {line}: {reason}; nothing was imported")
         self.line = line
         self.reason = reason
+
+
+class KeyringRequiredError(ImportLineError):
+    """Raised when an export of an encrypted store (its first ``key`` record) is imported
+    into a store without a keyring; nothing is written. Open the store with the keyring the
+    export was written with, or export again with ``decrypt=True``."""
+
+    def __init__(self, line: int) -> None:
+        super().__init__(
+            line,
+            "the export is encrypted (it holds sealed values and their wrapped data keys): "
+            "import it into a store opened with the keyring it was written with (--keyring), "
+            "or export it decrypted (--decrypt)",
+        )
+
+
+class ExportIncompleteError(SessionError):
+    """Raised by ``export_jsonl`` after it wrote every record it could: some rows cannot be
+    exported (a timestamp no import could store, such as Postgres's ``infinity`` written
+    past the stores' checks). The message names the first; ``rows`` names each (a session
+    left out goes with its events), ``counts`` what was written."""
+
+    def __init__(self, rows: list[str], counts: TransferCounts) -> None:
+        more = f" (and {len(rows) - 1} more rows)" if len(rows) > 1 else ""
+        super().__init__(
+            f"export incomplete: {rows[0]}{more} could not be exported; every other record "
+            "was written"
+        )
+        self.rows = rows
+        self.counts = counts
+
+
+class _Unexportable(Exception):
+    """A row's value that no export line can hold (the reason is its message)."""
 
 
 class _StreamError(Exception):
@@ -123,16 +171,29 @@ def _reading(lines: Iterable[bytes]) -> Iterator[bytes]:
 
 @dataclass
 class TransferCounts:
-    """How many records an export wrote or an import inserted."""
+    """How many records an export wrote or an import inserted.
+
+    ``titles_cut`` counts the imported sessions whose title was longer than
+    ``prepare.MAX_TITLE_BYTES`` and was cut to it (an export never has any).
+    """
 
     sessions: int = 0
     events: int = 0
     user_state: int = 0
     app_state: int = 0
+    memories: int = 0
+    titles_cut: int = 0
+    keys: int = 0
+    """The data keys of an encrypted store (``key`` records)."""
+    keys_unreadable: int = 0
+    """The imported data keys that the store's keyring cannot unwrap (of users erased since
+    the export was written): their rows are imported, and cannot be read."""
 
     def add(self, kind: str, count: int = 1) -> None:
-        """Count more records of a kind: ``session``, ``event``, ``user_state``, ``app_state``."""
-        name = {"session": "sessions", "event": "events"}.get(kind, kind)
+        """Count more records of a kind: ``key``, ``session``, ``event``, ``user_state``,
+        ``app_state``, ``memory``."""
+        names = {"key": "keys", "session": "sessions", "event": "events", "memory": "memories"}
+        name = names.get(kind, kind)
         setattr(self, name, getattr(self, name) + count)
 
 
@@ -145,13 +206,22 @@ def _format_timestamp(value: datetime) -> str:
     return value.astimezone(timezone.utc).replace(tzinfo=None).isoformat("T", "microseconds") + "Z"
 
 
+def _exported_timestamp(name: str, value: datetime) -> str:
+    """A stored timestamp as an export writes it, if an import can read it back."""
+    # asyncpg reads Postgres's infinity and -infinity as naive datetime.max and .min.
+    if value.tzinfo is None or not EARLIEST <= value <= LATEST:
+        shown = "infinity" if value.tzinfo is None else _format_timestamp(value)
+        raise _Unexportable(f"its {name} is {shown}, out of range ({TIMESTAMP_RANGE})")
+    return _format_timestamp(value)
+
+
 # -- field checks: each returns the value to insert or raises ValueError/InvalidArgumentError
 
 Check = Callable[[str, Any], Any]
 
 
 def _count(name: str, value: Any) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_BIGINT:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT64:
         raise ValueError("must be a non-negative 64-bit integer")
     return value
 
@@ -172,7 +242,23 @@ def _timestamp(name: str, value: Any) -> Any:
         raise ValueError(f"{value!r} is not an ISO-8601 timestamp") from None
     if parsed.tzinfo is None:
         raise ValueError(f"{value!r} has no time zone (write it in UTC, ending in Z)")
-    return parsed.astimezone(timezone.utc)
+    return check_timestamp(repr(value), parsed)
+
+
+_SEALED = "dse1:"
+"""What a sealed value starts with (``sealing.PREFIX``, which needs the crypto extra)."""
+
+
+def _title(name: str, value: Any) -> Any:
+    if isinstance(value, str) and value.startswith(_SEALED):
+        # A sealed title is longer than its text, and must stay whole to decrypt.
+        problem = check_text(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+    # Cut, not refused: a title longer than MAX_TITLE_BYTES comes from a database written
+    # before titles had a limit; the rest of the record is restored as it was.
+    return check_title(cut_title(value) if isinstance(value, str) else value)
 
 
 def _json(name: str, value: Any) -> Any:
@@ -195,6 +281,26 @@ def _state(name: str, value: Any) -> Any:
     return value
 
 
+def _text_value(name: str, value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    problem = check_text(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _metadata(name: str, value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object")
+    validate_value(name, value)
+    return value
+
+
+def _optional(check: Check) -> Check:
+    return lambda name, value: None if value is None else check(name, value)
+
+
 def _shared_key(prefix: str) -> Check:
     def check(name: str, value: Any) -> Any:
         validate_key(prefix + value if isinstance(value, str) else value)
@@ -209,48 +315,131 @@ _CHECKS: dict[str, Check] = {
     "author": lambda name, value: validate_id(name, value, allow_empty=True),
     "invocation_id": lambda name, value: validate_id(name, value, allow_empty=True),
     "parent_id": lambda name, value: None if value is None else validate_id(name, value),
-    "title": lambda name, value: check_title(value),
+    "title": _title,
     "created_at": _timestamp, "updated_at": _timestamp, "timestamp": _timestamp,
     "message_count": _count, "token_total": _count, "event_seq": _count, "version": _version,
     "seq": _count, "tokens": _count,
     "state": _state, "state_delta": _state, "content": _json, "value": _json,
 }  # fmt: skip
-_KEYS = {"user_state": _shared_key(USER_PREFIX), "app_state": _shared_key(APP_PREFIX)}
-_TABLES = {"session": sessions, "event": events, "user_state": user_state, "app_state": app_state}
+_KEY_KINDS = ("user", "app", "index")
 
-# Not exported: an import starts a new life of each session id (see Session.incarnation).
-_LOCAL = {"incarnation"}
+
+def _key_id(name: str, value: Any) -> Any:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", value):
+        raise ValueError("must be a data key id (1 to 64 letters, digits, '_', '.' or '-')")
+    return value
+
+
+def _key_kind(name: str, value: Any) -> Any:
+    if value not in _KEY_KINDS:
+        raise ValueError(f"must be one of {', '.join(_KEY_KINDS)}")
+    return value
+
+
+def _wrapped(name: str, value: Any) -> Any:
+    if not isinstance(value, str) or not value:
+        raise ValueError("must be a wrapped key in base64")
+    try:
+        base64.b64decode(value.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):
+        raise ValueError("must be a wrapped key in base64") from None
+    return value
+
+
+_KEYS = {"user_state": _shared_key(USER_PREFIX), "app_state": _shared_key(APP_PREFIX)}
+_TABLES = {
+    "key": keys, "session": sessions, "event": events, "user_state": user_state,
+    "app_state": app_state, "memory": memories,
+}  # fmt: skip
+_OWN_CHECKS: dict[str, dict[str, Check]] = {
+    "key": {
+        "key_id": _key_id, "kind": _key_kind,
+        "owner": lambda name, value: validate_id(name, value, allow_empty=True),
+        "master_id": _text_value, "wrapped": _wrapped,
+    },
+    "memory": {
+        "author": _optional(_CHECKS["author"]), "session_id": _optional(validate_id),
+        "seq": _optional(_count), "text": _text_value, "metadata": _metadata,
+    },
+}  # fmt: skip
+"""Checks of a record type's fields that differ from the same column name's elsewhere."""
+
+# Not exported: an import starts a new life of each session id (see Session.incarnation),
+# and computes a memory's terms from its text.
+_LOCAL = {"incarnation", "terms"}
 
 RECORDS: dict[str, tuple[Table, dict[str, Check]]] = {
-    kind: (table, {col.name: _KEYS[kind] if col.name == "key" else _CHECKS[col.name]
+    kind: (table, {col.name: _KEYS[kind] if col.name == "key"
+                   else _OWN_CHECKS.get(kind, {}).get(col.name) or _CHECKS[col.name]
                    for col in table.columns if col.name not in _LOCAL})
     for kind, table in _TABLES.items()
 }  # fmt: skip
 """Each record type: its table, and a check for each field; the fields are the columns."""
 
 
-def _record(kind: str, row: Mapping[Any, Any]) -> str:
-    """One record's line; the export reads JSON values as text, decoded only here."""
+def _record(kind: str, row: Mapping[Any, Any]) -> dict[str, Any]:
+    """One record's fields; the export reads JSON values as text, decoded only here.
+
+    Raises:
+        _Unexportable: a value cannot be written as an import reads it.
+    """
     data: dict[str, Any] = {"type": kind}
-    for name, how in _FIELDS[kind]:
-        value = row[name]
-        if value is not None and how:
-            value = _format_timestamp(value) if how == _TIMESTAMP else json.loads(value)
-        data[name] = value
-    return dumps(data)
+    try:
+        for name, how in _FIELDS[kind]:
+            value = row[name]
+            if value is not None and how:
+                decode = _exported_timestamp if how == _TIMESTAMP else _decoded
+                value = decode(name, value)
+            data[name] = value
+    except (ValueError, OverflowError, RecursionError) as exc:
+        raise _Unexportable(f"{type(exc).__name__}: {exc}") from None
+    return data
+
+
+def _line(data: Mapping[str, Any]) -> str:
+    """One record's line.
+
+    Raises:
+        _Unexportable: a value cannot be written as an import reads it.
+    """
+    try:
+        return dumps(data)
+    except (ValueError, OverflowError, RecursionError) as exc:
+        raise _Unexportable(f"{type(exc).__name__}: {exc}") from None
+
+
+def _decoded(name: str, text: str) -> Any:
+    return json.loads(text)
+
+
+def _row_name(kind: str, row: Mapping[Any, Any]) -> str:
+    """A row of an export, named for an operator."""
+    org = f"organisation {row['org_id']!r}"
+    if kind == "key":
+        return f"data key {row['key_id']!r} of {org}"
+    if kind == "session":
+        return f"session {row['id']!r} of {org}"
+    if kind == "event":
+        return f"event {row['seq']} of session {row['session_id']!r} of {org}"
+    if kind == "memory":
+        return f"memory {row['id']!r} of user {row['user_id']!r} of {org}, app {row['app_name']!r}"
+    owner = f" of user {row['user_id']!r}" if kind == "user_state" else ""
+    return f"{kind[:-6]}: state key {row['key']!r}{owner} of {org}, app {row['app_name']!r}"
 
 
 # -- export --------------------------------------------------------------------------------
 
 _LARGE: dict[str, tuple[str, ...]] = {
+    "key": (),
     "session": ("title", "state"),
     "event": ("content", "state_delta"),
     "user_state": ("value",),
     "app_state": ("value",),
+    "memory": ("text", "content", "metadata"),
 }
 """The columns of each record type whose size has no bound: a value larger than
 INLINE_BYTES is not read with its row but apart, in batches of at most BATCH_BYTES."""
-_JSON = {"state", "content", "state_delta", "value"}
+_JSON = {"state", "content", "state_delta", "value", "metadata"}
 """The JSON columns: read as text (JSONB printed by Postgres), decoded one record at a time."""
 _SIZE = "__size"
 """The suffix of the column that gives the size of a large column's value."""
@@ -272,15 +461,6 @@ def _text(column: ColumnElement[Any]) -> ColumnElement[Any]:
     return cast(column, Text) if column.name in _JSON else column
 
 
-def _size(column: ColumnElement[Any], dialect: str) -> ColumnElement[int]:
-    """The size of a column's value as UTF-8 text, in bytes (0 for NULL)."""
-    if dialect == "postgresql":
-        size = func.octet_length(_text(column))
-    else:  # SQLite keeps JSON as text: its length in bytes, as a BLOB
-        size = func.length(cast(column, LargeBinary))
-    return func.coalesce(size, 0)
-
-
 def _columns(kind: str, dialect: str) -> list[ColumnElement[Any]]:
     """The columns a query of ``kind`` records reads: each large value as text, only when
     it is at most INLINE_BYTES (else NULL), and the size of each large value."""
@@ -291,7 +471,7 @@ def _columns(kind: str, dialect: str) -> list[ColumnElement[Any]]:
         if col.name not in _LARGE[kind]:
             out.append(col)
             continue
-        size = _size(col, dialect)
+        size = text_size(col, dialect)
         out.append(case((size <= INLINE_BYTES, _text(col)), else_=null()).label(col.name))
         sizes.append(size.label(col.name + _SIZE))
     return out + sizes
@@ -312,31 +492,18 @@ def page_queries(table: Table, dialect: str) -> tuple[Select[Any], Select[Any]]:
     """The keyset page queries of a table: the first page, and the page after a key.
 
     Rows come in primary-key order by code point: on Postgres, comparisons and the order
-    are in the C collation, which the id and key columns have since revision 0004, so both
+    are in the C collation, which the id and key columns have, so both
     queries read each page straight from the primary key (see tests/sql/test_transfer.py).
     """
+    keyset = _keyset(table, dialect)
+    return keyset.first, keyset.following
+
+
+def _keyset(table: Table, dialect: str) -> Keyset:
     kind = next(kind for kind, (of, _) in RECORDS.items() if of is table)
-    pk = list(table.primary_key.columns)
-    pg = dialect == "postgresql"
-    keys = [col.collate("C") if pg and isinstance(col.type, String) else col for col in pk]
-    first = select(*_columns(kind, dialect)).order_by(*keys).limit(PAGE_SIZE)
-    bound = tuple_(*[bindparam(f"after_{col.name}", type_=col.type) for col in pk])
-    return first, first.where(tuple_(*keys) > bound)
-
-
-async def _pages(conn: AsyncConnection, table: Table) -> AsyncIterator[Sequence[Row[Any]]]:
-    """Yield the table's rows in primary-key order, one keyset page at a time."""
-    pk = list(table.primary_key.columns)
-    first, following = page_queries(table, conn.dialect.name)
-    params: dict[str, Any] | None = None
-    while True:
-        rows = (await conn.execute(first if params is None else following, params or {})).all()
-        if rows:
-            yield rows
-        if len(rows) < PAGE_SIZE:
-            return
-        last = rows[-1]._mapping
-        params = {f"after_{col.name}": last[col.name] for col in pk}
+    query = select(*_columns(kind, dialect))
+    collation = "C" if dialect == "postgresql" else None
+    return Keyset.over(query, list(table.primary_key.columns), limit=PAGE_SIZE, collation=collation)
 
 
 async def _filled(
@@ -434,23 +601,70 @@ async def count_sessions(store: SQLStore) -> int:
 
 
 async def export_jsonl(
-    store: SQLStore, out: IO[bytes], *, progress: Callable[[int], None] | None = None
+    store: SQLStore,
+    out: IO[bytes],
+    *,
+    progress: Callable[[int], None] | None = None,
+    decrypt: bool = False,
 ) -> TransferCounts:
-    """Write every organisation's sessions, events and shared state to ``out`` as JSON Lines.
+    """Write every organisation's sessions, events, shared state and long-term memories to
+    ``out`` as JSON Lines.
+
+    An encrypted database's export stays encrypted: its values as stored (sealed), and its
+    data keys as stored (wrapped by the keyring's master keys), which an import into a
+    store opened with the same keyring reads. With ``decrypt``, the store opens every
+    value with its keyring and the export holds plaintext, and no keys: an export like one
+    of a store without a keyring, which any store can import.
 
     Args:
         store: The store whose database is exported (its engine is used directly).
         out: A binary stream; one UTF-8 line is written per record.
         progress: Called with the number of sessions written since the last call.
+        decrypt: Write plaintext (the store needs its keyring).
+
+    A row that cannot be exported (see ``ExportIncompleteError``) stops nothing: it is left
+    out (a session with its events), every other record is written, and the error then
+    names it.
 
     Returns:
         How many records of each kind were written.
 
     Raises:
+        ExportIncompleteError: Rows could not be exported; every other record was written.
+        InvalidArgumentError: ``decrypt`` was asked of a store without a keyring.
+        DecryptionError: ``decrypt``: a value does not decrypt with the store's keyring.
         SchemaNotMigratedError: The database is not migrated.
         StoreUnavailableError: The database could not be reached.
     """
+    env = store._env  # the keyring, for a decrypted export
+    if decrypt and env is None:
+        raise InvalidArgumentError("a decrypted export needs a store with a keyring")
+    if decrypt:
+        from .sealed_transfer import open_record
     counts = TransferCounts()
+    left_out: list[str] = []
+    dropped: tuple[Any, Any] | None = None  # the session left out, whose events follow it
+
+    async def record(kind: str, row: Mapping[Any, Any]) -> None:
+        nonlocal dropped
+        if kind == "event" and dropped == (row["org_id"], row["session_id"]):
+            return
+        try:
+            data = _record(kind, row)
+            if decrypt:
+                assert env is not None
+                data = await open_record(env, kind, data)
+            line = _line(data)
+        except _Unexportable as exc:
+            with_events = " (with its events)" if kind == "session" and row["event_seq"] else ""
+            left_out.append(f"{_row_name(kind, row)}{with_events}: {exc}")
+            if kind == "session":
+                dropped = (row["org_id"], row["id"])
+            return
+        if kind == "session":
+            dropped = None
+        write(line)
+        counts.add(kind)
 
     def write(line: str) -> None:
         try:
@@ -466,18 +680,22 @@ async def export_jsonl(
             else:  # pysqlite opens no transaction for reads; BEGIN pins one WAL snapshot
                 await conn.exec_driver_sql("BEGIN")
             write(dumps({"format": FORMAT, "type": "header", "version": FORMAT_VERSION}))
-            async for page in _pages(conn, sessions):
-                async for kind, record in _session_records(conn, page):
-                    write(_record(kind, record))
-                    counts.add(kind)
+            if not decrypt:  # first: an import unwraps them to index what follows
+                async for page in _keyset(keys, conn.dialect.name).pages(conn):
+                    for key_row in page:
+                        await record("key", key_row._mapping)
+            async for page in _keyset(sessions, conn.dialect.name).pages(conn):
+                async for kind, row in _session_records(conn, page):
+                    await record(kind, row)
                 if progress is not None:
                     progress(len(page))
-            for kind in ("user_state", "app_state"):
-                async for page in _pages(conn, RECORDS[kind][0]):
-                    async for record in _filled(conn, kind, page):
-                        write(_record(kind, record))
-                    counts.add(kind, len(page))
+            for kind in ("user_state", "app_state", "memory"):
+                async for page in _keyset(RECORDS[kind][0], conn.dialect.name).pages(conn):
+                    async for row in _filled(conn, kind, page):
+                        await record(kind, row)
             await conn.rollback()
+    if left_out:
+        raise ExportIncompleteError(left_out, counts)
     return counts
 
 
@@ -500,8 +718,9 @@ def _loads(number: int, raw: bytes) -> Any:
         ) from None
 
 
-def _parse(number: int, raw: bytes) -> tuple[str, dict[str, Any]]:
-    """Parse and check one line; return its record type and the row to insert."""
+def _parse(number: int, raw: bytes, cut: list[int]) -> tuple[str, dict[str, Any]]:
+    """Parse and check one line; return its record type and the row to insert. A session
+    whose title was cut adds one to ``cut[0]``."""
     data = _loads(number, raw)
     if not isinstance(data, dict):
         raise ImportLineError(number, "expected a JSON object")
@@ -522,6 +741,8 @@ def _parse(number: int, raw: bytes) -> tuple[str, dict[str, Any]]:
             row[name] = check(name, data[name])
         except (ValueError, SessionError) as exc:
             raise ImportLineError(number, f"{kind} field {name!r}: {exc}") from None
+    if kind == "session" and row["title"] != data["title"]:
+        cut[0] += 1
     if kind == "session" and row["event_seq"] > row["message_count"]:
         # Every event counts as a message, so a store's guard on message_count also keeps
         # the next event's seq within 64 bits.
@@ -548,34 +769,67 @@ def _check_header(raw: bytes) -> None:
 
 
 class _Importer:
-    """Buffers checked rows and inserts them in batches, refusing rows that already exist."""
+    """Checks that each event follows its session, and loads the rows, tagged by line.
 
-    def __init__(self, conn: TransactionConnection) -> None:
+    Into an encrypted store (``env``), the export's data keys are unwrapped as they come
+    (a wrong keyring fails at the first) and loaded, and the sealed events and memories
+    are indexed (``sealed_transfer.BlindIndexer``).
+    """
+
+    def __init__(self, conn: TransactionConnection, env: Envelope | None) -> None:
+        self.loader = Loader(
+            conn,
+            [table for table, _ in RECORDS.values()],
+            batch_rows=BATCH_SIZE,
+            where=lambda line: f"on line {line}",
+        )
         self.conn = conn
-        self.ops = dialect_ops(conn.dialect.name, conn.dialect.driver)
-        self.analyzed = BATCH_SIZE  # sessions inserted when statistics are next refreshed
-        self.counts = TransferCounts()
-        self.pending: dict[str, list[tuple[int, dict[str, Any]]]] = {k: [] for k in RECORDS}
-        self.lines: dict[tuple[Any, ...], int] = {}  # primary keys pending, by kind
-        self.size = 0
         self.session: dict[str, Any] | None = None
         self.last_seq = 0
+        self.terms: Counter[tuple[str, str, str, str]] = Counter()
+        self.index_keys = 0
+        self.keys_done = False
+        self.blind: BlindIndexer | None = None
+        if env is not None:
+            from .sealed_transfer import BlindIndexer
 
-    async def add(self, number: int, kind: str, row: dict[str, Any]) -> None:
-        if kind == "session":
+            self.blind = BlindIndexer(conn, env, self.loader.flush)
+
+    async def add(self, number: int, kind: str, row: dict[str, Any], size: int) -> None:
+        blind = self.blind
+        if blind is not None and kind != "key" and not self.keys_done:
+            blind.end_of_keys()
+            self.keys_done = True
+        if kind == "key":
+            if blind is None:
+                raise KeyringRequiredError(number)
+            await blind.check_key(number, row)
+            if row["kind"] == "index":
+                # The database's own index key, if it has one, indexes the imported events.
+                await blind.add_index_key(row)
+                self.index_keys += 1
+                return
+            blind.keys_held = True
+        elif kind == "session":
             row["incarnation"] = new_id()
             self.session, self.last_seq = row, 0
         elif kind == "event":
             self._check_event(number, row)
-        table = RECORDS[kind][0]
-        key = (kind, *(row[col.name] for col in table.primary_key.columns))
-        if key in self.lines:
-            raise ImportLineError(number, f"{_clash(kind, row)} on line {self.lines[key]}")
-        self.lines[key] = number
-        self.pending[kind].append((number, row))
-        self.size += 1
-        if self.size >= BATCH_SIZE:
-            await self.flush()
+            if blind is not None:
+                await blind.event(number, row)
+        elif kind == "memory":
+            terms = None if blind is None else await blind.memory_terms(number, row)
+            if terms is None:
+                terms = stored_terms(row["org_id"], row["app_name"], row["user_id"], row["text"])
+            row["terms"] = terms
+            owner: tuple[str, str, str] = (row["org_id"], row["app_name"], row["user_id"])
+            every = (*owner, "")
+            self.terms[every] += 1
+            self.terms.update((*owner, term) for term in row["terms"].split(" ")[1:])
+        await self.loader.add(RECORDS[kind][0], row, size=size, tag=number)
+        if blind is not None and blind.pending >= BATCH_SIZE:
+            await self.loader.flush()  # the events' rows first, then their index
+            await blind.write()
 
     def _check_event(self, number: int, row: dict[str, Any]) -> None:
         owner = self.session
@@ -591,40 +845,53 @@ class _Importer:
             )
         self.last_seq = row["seq"]
 
-    async def flush(self) -> None:
-        """Insert the pending rows; refuse the first whose primary key is already taken."""
-        for kind in ("session", "event", "user_state", "app_state"):
-            rows = self.pending[kind]
-            if not rows:
-                continue
-            table = RECORDS[kind][0]
-            pk = list(table.primary_key.columns)
-            # One statement inserts and checks: a row that clashes returns no key.
-            stmt = self.ops.insert_if_absent(table).returning(*pk)
-            inserted = {tuple(row) for row in await self.conn.execute(stmt, [r for _, r in rows])}
-            if len(inserted) < len(rows):
-                number, row = next(
-                    (n, r) for n, r in rows if tuple(r[col.name] for col in pk) not in inserted
-                )
-                where = "in the database, or earlier in the input"
-                raise ImportLineError(number, f"{_clash(kind, row)} ({where})")
-            self.counts.add(kind, len(rows))
-            rows.clear()
-            if kind == "session" and self.ops.is_postgres and self.counts.sessions >= self.analyzed:
-                # Postgres plans the events' foreign-key check from the table's statistics;
-                # refreshed as the table grows, it stays an index lookup, not a scan.
-                await self.conn.exec_driver_sql("ANALYZE ds_sessions")
-                self.analyzed = self.counts.sessions * 4
-        self.size = 0
-        self.lines.clear()
+    async def finish(self) -> TransferCounts:
+        unreadable = 0
+        if self.blind is not None:
+            if not self.keys_done:
+                self.blind.end_of_keys()
+            await self.loader.flush()
+            await self.blind.write()
+            unreadable = len(self.blind.unreadable)
+        await self.loader.finish()
+        await self._count_terms()
+        counts = TransferCounts(**self.loader.counted())
+        counts.keys += self.index_keys
+        counts.keys_unreadable = unreadable
+        return counts
+
+    async def _count_terms(self) -> None:
+        """Add the imported memories' terms to their owners' term counts
+        (``ds_memory_terms``), in key order."""
+        if not self.terms:
+            return
+        table = memory_terms
+        ops = dialect_ops(self.conn.dialect.name, self.conn.dialect.driver)
+        stmt = ops.insert(table)
+        if ops.is_mysql:  # the key of ON DUPLICATE KEY is the primary key
+            stmt = stmt.on_duplicate_key_update(  # type: ignore[attr-defined]
+                n=table.c.n + stmt.inserted.n  # type: ignore[attr-defined]
+            )
+        else:
+            stmt = stmt.on_conflict_do_update(  # type: ignore[attr-defined]
+                index_elements=["org_id", "app_name", "user_id", "term"],
+                set_={"n": table.c.n + stmt.excluded.n},  # type: ignore[attr-defined]
+            )
+        names = ("org_id", "app_name", "user_id", "term")
+        params = [
+            {**dict(zip(names, key, strict=True)), "n": n} for key, n in sorted(self.terms.items())
+        ]
+        for start in range(0, len(params), BATCH_SIZE):
+            await self.conn.execute(stmt, params[start : start + BATCH_SIZE])
 
 
-def _clash(kind: str, row: Mapping[str, Any]) -> str:
-    if kind == "session":
-        return f"session {row['id']!r} of organisation {row['org_id']!r} already exists"
-    owner = f" of user {row['user_id']!r}" if kind == "user_state" else ""
-    where = f"organisation {row['org_id']!r}, app {row['app_name']!r}"
-    return f"{kind[:-6]}: state key {row['key']!r}{owner} ({where}) already exists"
+@contextmanager
+def _line_of_clash() -> Iterator[None]:
+    """A row that already exists is the error of its line."""
+    try:
+        yield
+    except RowExistsError as exc:
+        raise ImportLineError(exc.tag, str(exc)) from exc
 
 
 async def import_jsonl(
@@ -640,16 +907,24 @@ async def import_jsonl(
     Returns:
         How many records of each kind were inserted.
 
+    Every field is checked as a store checks it: a timestamp outside ``prepare.EARLIEST``
+    to ``prepare.LATEST`` (0001-01-02 to 9999-12-30 UTC) is refused. A session title longer
+    than ``prepare.MAX_TITLE_BYTES`` (1,024 UTF-8 bytes, a limit older databases did not
+    have) is cut to it at a character boundary, not refused, and counted (``titles_cut``).
+    The planner's statistics of the tables written are refreshed (``ANALYZE``) before the
+    transaction commits.
+
     Raises:
         ImportLineError: A line is malformed, or its session or state row already exists;
             nothing is written.
         SchemaNotMigratedError: The database is not migrated.
         StoreUnavailableError: The database could not be reached.
     """
-    with _database("import"):
+    with _database("import"), _line_of_clash():
         async with write_transaction(store.engine) as conn:
-            importer = _Importer(conn)
+            importer = _Importer(conn, store._env)
             number = 0
+            cut = [0]
             for number, raw in enumerate(_reading(lines), start=1):
                 if progress is not None:
                     progress(len(raw))
@@ -659,9 +934,10 @@ async def import_jsonl(
                     continue
                 if not body.strip():
                     raise ImportLineError(number, "empty line")
-                kind, row = _parse(number, body)
-                await importer.add(number, kind, row)
+                kind, row = _parse(number, body, cut)
+                await importer.add(number, kind, row, len(body))
             if number == 0:
                 raise ImportLineError(1, f"the input is empty (expected a {FORMAT} export)")
-            await importer.flush()
-    return importer.counts
+            counts = await importer.finish()
+    counts.titles_cut = cut[0]
+    return counts

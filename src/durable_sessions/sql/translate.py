@@ -25,6 +25,7 @@ __all__ = [
     "driver_error",
     "is_disconnect",
     "is_timeout",
+    "mysql_errno",
     "translate_error",
     "translated",
 ]
@@ -49,8 +50,16 @@ _DRIVER_ERRORS = (
     sa_exc.DisconnectionError,
     sa_exc.TimeoutError,
 )
-# asyncpg's own errors, and SQLAlchemy's adapters of them (raised by the pool).
-_DRIVER_MODULES = ("asyncpg", "sqlalchemy.dialects")
+# asyncpg's and asyncmy's own errors, and SQLAlchemy's adapters of them (raised by the pool).
+_DRIVER_MODULES = ("asyncpg", "asyncmy", "sqlalchemy.dialects")
+
+# MySQL's error numbers: no such table, no such column.
+_MYSQL_MISSING_SCHEMA = (1146, 1054)
+# Raised only by a connection attempt: access denied (to the server, to the database), no
+# such database, too many connections, cannot connect, unknown host.
+_MYSQL_CONNECT = (1044, 1045, 1049, 1040, 1203, 2003, 2005)
+# The connection is gone: server gone away, lost, killed, shut down, closed.
+_MYSQL_DISCONNECT = (2006, 2013, 2014, 2045, 2055, 1053, 1927, 4031)
 
 
 def translated(operation: str, *, writes: bool = True, creates: bool = False) -> Translated:
@@ -134,10 +143,15 @@ def translate_error(
     cause = describe(orig)
     text = str(orig).lower()
     sqlstate = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
-    if sqlstate in ("42P01", "42703", "428C9") or (
-        type(orig).__name__ in ("OperationalError", "ProgrammingError")
-        and any(marker in text for marker in _MISSING_SCHEMA)
-        and not sqlstate.startswith(_CONNECT_SQLSTATES)  # 3D000: the database does not exist
+    errno = mysql_errno(orig)
+    if (
+        errno in _MYSQL_MISSING_SCHEMA
+        or sqlstate in ("42P01", "42703", "428C9")
+        or (
+            type(orig).__name__ in ("OperationalError", "ProgrammingError")
+            and any(marker in text for marker in _MISSING_SCHEMA)
+            and not sqlstate.startswith(_CONNECT_SQLSTATES)  # 3D000: the database does not exist
+        )
     ):
         return SchemaNotMigratedError(
             f"{operation}: the database schema is missing or out of date ({cause}); {_HINT}"
@@ -148,6 +162,7 @@ def translate_error(
         )
     never_connected = (
         connecting
+        or errno in _MYSQL_CONNECT
         or sqlstate.startswith(_CONNECT_SQLSTATES)
         or isinstance(orig, (ConnectionRefusedError, socket.gaierror))
         or (isinstance(orig, sqlite3.Error) and "unable to open database file" in text)
@@ -193,6 +208,16 @@ def is_timeout(exc: BaseException) -> bool:
     return isinstance(exc, (TimeoutError, asyncio.TimeoutError))
 
 
+def mysql_errno(exc: BaseException) -> int | None:
+    """The MySQL error number of an asyncmy error (its first argument), or None; behind
+    SQLAlchemy's wrapper too."""
+    exc = getattr(exc, "orig", None) or exc
+    if not type(exc).__module__.startswith("asyncmy"):
+        return None
+    args = getattr(exc, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
 def is_disconnect(exc: BaseException) -> bool:
     """Whether ``exc`` means the connection is gone or unusable (a timeout does not)."""
     if is_timeout(exc):
@@ -200,6 +225,10 @@ def is_disconnect(exc: BaseException) -> bool:
     if isinstance(exc, (OSError, ConnectionError)):
         return True
     module = type(exc).__module__
+    if module.startswith("asyncmy"):
+        errno = mysql_errno(exc)
+        # InterfaceError: the connection is closed (asyncmy's "(0, '')").
+        return errno in _MYSQL_DISCONNECT or type(exc).__name__ == "InterfaceError"
     if module.startswith("asyncpg"):
         import asyncpg  # type: ignore[import-untyped]
 

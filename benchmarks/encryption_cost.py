@@ -1,0 +1,164 @@
+"""What encryption at rest costs: the hot paths with and without a keyring.
+
+Two stores on one database, one plain and one with a ``LocalKeyring``, each with a session of
+its own (private, ``user:`` and ``app:`` state, a transcript of ``--events`` events). Each of
+``--rounds`` rounds runs every operation ``--ops`` times on each store, back to back, the
+store that goes first alternating from one round to the next:
+
+- ``get``: a session with its merged state;
+- ``load``: ``get_with_events`` with the newest 20 events (what an agent turn reads);
+- ``append``: ``append_event`` with a state delta;
+- ``save``: ``update`` of one private and one ``user:`` key;
+- ``search``: a two-word search over the organisation's events.
+
+The median of the rounds' ratios (encrypted over plain, in time per operation) is printed
+for each operation; the issue's budget is 1.15 (at most 15% slower).
+
+    python -m benchmarks run encryption [--backend sqlite|postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from durable_sessions import Event, Manager, SQLStore
+
+from .common import Database, new_tmpdir, run_meta
+
+OPERATIONS = ("get", "load", "append", "save", "search")
+TEXT = "the customer asked about the refund for order {n} and the delivery date in march"
+
+
+async def _setup(store: SQLStore, events: int) -> Callable[[str], Awaitable[Any]]:
+    """A session with state and a transcript; return what runs one operation of each kind."""
+    manager = Manager(store, app_name="bench")
+    session = await manager.create(
+        "org", "user", state={"plan": "pro", "user:lang": "en", "app:motd": "hello"}
+    )
+    batch = [Event("user", {"text": TEXT.format(n=n)}, state_delta={"n": n}) for n in range(events)]
+    await store.append_events("org", session.id, batch)
+    counter = [0]
+
+    async def one(operation: str) -> Any:
+        counter[0] += 1
+        if operation == "get":
+            return await store.get("org", session.id)
+        if operation == "load":
+            return await store.get_with_events("org", session.id, limit=20)
+        if operation == "append":
+            event = Event("agent", {"text": TEXT.format(n=counter[0])}, state_delta={"k": 1})
+            return await store.append_event("org", session.id, event)
+        if operation == "save":
+            current = await store.get("org", session.id)
+            current.set("plan", f"p{counter[0]}")
+            current.set("user:lang", f"l{counter[0]}")
+            return await store.update(current)
+        return await store.search("org", "refund delivery", limit=10)
+
+    return one
+
+
+async def measure(
+    url: str, keyring_path: Path, ops: int, rounds: int, events: int
+) -> dict[str, dict[str, list[float]]]:
+    """Every round's seconds per operation, of each store, by operation."""
+    from durable_sessions.crypto import LocalKeyring
+
+    engine = create_async_engine(url)
+    stores = {
+        "plain": SQLStore(engine),
+        "encrypted": SQLStore(engine, keyring=LocalKeyring(keyring_path)),
+    }
+    await stores["plain"].migrate()
+    runners = {name: await _setup(store, events) for name, store in stores.items()}
+    found: dict[str, dict[str, list[float]]] = {
+        name: {op: [] for op in OPERATIONS} for name in stores
+    }
+
+    async def loop(name: str, operation: str, record: bool) -> None:
+        start = time.perf_counter()
+        for _ in range(ops):
+            await runners[name](operation)
+        if record:
+            found[name][operation].append((time.perf_counter() - start) / ops)
+
+    try:
+        names = list(stores)
+        for name in names:  # warm-up: caches, prepared statements, unwrapped keys
+            for operation in OPERATIONS:
+                await loop(name, operation, record=False)
+        for r in range(rounds):
+            for operation in OPERATIONS:
+                for name in names[r % 2 :] + names[: r % 2]:
+                    await loop(name, operation, record=True)
+    finally:
+        await engine.dispose()
+    return found
+
+
+def summarize(found: dict[str, dict[str, list[float]]]) -> list[str]:
+    """Each operation's best time per store and the median of the rounds' ratios."""
+    lines = []
+    for operation in OPERATIONS:
+        plain, sealed = found["plain"][operation], found["encrypted"][operation]
+        ratios = sorted(s / p for s, p in zip(sealed, plain, strict=True))
+        lines.append(
+            f"{operation:7} plain {min(plain) * 1e6:8.0f} us  encrypted {min(sealed) * 1e6:8.0f} us"
+            f"  ratio median {statistics.median(ratios):.2f}x"
+            f" (rounds {ratios[0]:.2f}-{ratios[-1]:.2f}x)"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print each operation's times with and without a keyring, and their ratio."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks run encryption")
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ops", type=int, default=300, help="operations of each kind per round")
+    parser.add_argument("--events", type=int, default=200, help="events in each transcript")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    tmpdir = new_tmpdir()
+    database = Database(args.backend, "encryption", tmpdir)
+
+    async def run() -> dict[str, dict[str, list[float]]]:
+        await database.create()
+        try:
+            keyring = tmpdir / "keys.json"
+            return await measure(database.url, keyring, args.ops, args.rounds, args.events)
+        finally:
+            await database.drop()
+
+    try:
+        found = asyncio.run(run())
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    lines = summarize(found)
+    print("\n".join(lines))
+    meta = run_meta(args, "python -m benchmarks " + " ".join(sys.argv[1:]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = f"encryption_{args.backend}"
+    data = {"meta": meta, "backend": args.backend, "rounds": found}
+    (args.out / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    body = "\n".join(lines)
+    (args.out / f"{name}.md").write_text(
+        f"# Encryption at rest on {args.backend}: with a keyring against without\n\n"
+        f"```\n{body}\n```\n"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

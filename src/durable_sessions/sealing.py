@@ -1,0 +1,742 @@
+"""Envelope encryption for the stores: data keys, sealed values and blind index words.
+
+A *data key* (256 random bits) protects one scope's data in one organisation: a user's
+(``"user"``: sessions, private state, titles, events, ``user:`` state), an app's (``"app"``:
+``app:`` state), or the organisation's search index (``"index"``: the key of its blind
+index). A store keeps its data keys in a key table, each *wrapped* by the keyring
+(``crypto.Keyring``), and unwraps each once per process.
+
+A *sealed* value is the text ``dse1:<key id>:<base64(nonce + ciphertext + tag)>`` of
+AES-256-GCM over the value's JSON, with associated data that names the row it belongs to
+(kind, organisation, session and key or event id): the same ciphertext anywhere else does
+not decrypt. The nonce is synthetic (HMAC-SHA256 of the associated data and the plaintext,
+under a key of its own): the same value in the same place seals to the same text, which lets
+SQL compare a stored value with an expected one, and reveals only that a row holds the same
+value as before.
+
+The blind index replaces each word of an event's text by a keyed hash of it
+(HMAC-SHA256 under the organisation's index key, as 16 letters), so that whole-word search
+works over the hashes as it did over the words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import functools
+import hmac
+import json
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Protocol
+
+from .crypto import Keyring  # without the crypto extra, its ImportError names the extra
+from .errors import DecryptionError, InvalidArgumentError
+from .fulltext import event_text, words
+from .jsoncodec import from_json, to_json
+from .memories import memory_terms
+from .model import Event, Memory, Session, utcnow
+from .state import APP_PREFIX, USER_PREFIX, ScopedDelta, scope_of
+
+try:
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+except ImportError as exc:  # pragma: no cover - exercised without the extra
+    raise ImportError(
+        'encryption at rest needs the optional "crypto" extra: '
+        'pip install "durable-sessions[crypto]"'
+    ) from exc
+
+__all__ = [
+    "APP",
+    "INDEX",
+    "INDEX_KEY_ID",
+    "PREFIX",
+    "USER",
+    "DataKey",
+    "Envelope",
+    "KeyRecord",
+    "KeyTable",
+    "MemoryKeyTable",
+    "SealedEvent",
+    "SealedMemory",
+    "Sealer",
+    "is_sealed",
+    "key_id_of",
+    "row_aad",
+]
+
+PREFIX = "dse1:"
+"""What every sealed value starts with (format 1)."""
+USER = "user"
+"""The kind of data key of a user's sessions, private state, events and ``user:`` state."""
+APP = "app"
+"""The kind of data key of an app's ``app:`` state."""
+INDEX = "index"
+"""The kind of data key of an organisation's blind index."""
+INDEX_KEY_ID = "index"
+"""The id of every organisation's blind index key: one id, so that stores racing to make
+an organisation's first index key insert one row (the first wins) and all hash with it."""
+
+_CACHE_LIMIT = 100_000
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """One wrapped data key, as the key table stores it."""
+
+    org_id: str
+    key_id: str
+    kind: str
+    owner: str
+    master_id: str
+    wrapped: bytes
+    created_at: datetime
+
+
+class KeyTable(Protocol):
+    """Where a store keeps its wrapped data keys (a dict in memory, ``ds_keys`` in SQL)."""
+
+    async def newest(self, org_id: str, kind: str, owner: str) -> KeyRecord | None:
+        """Return the newest data key of a scope, None when it has none."""
+        ...
+
+    async def find(self, org_id: str, key_id: str) -> KeyRecord | None:
+        """Return a data key by id, None when it is not there (or was destroyed)."""
+        ...
+
+    async def scope(self, org_id: str, kind: str, owner: str) -> list[KeyRecord]:
+        """Return every data key of a scope."""
+        ...
+
+    async def add(self, record: KeyRecord) -> None:
+        """Store a new data key."""
+        ...
+
+    async def add_if_absent(self, record: KeyRecord) -> None:
+        """Store a data key unless its id is taken in its organisation (keep the other)."""
+        ...
+
+    async def drop(self, org_id: str, kind: str, owner: str) -> None:
+        """Delete every data key of a scope."""
+        ...
+
+    async def stale(self, master_id: str, limit: int) -> list[KeyRecord]:
+        """Return up to ``limit`` data keys wrapped by another master key than ``master_id``."""
+        ...
+
+    async def rewrap(self, record: KeyRecord, master_id: str, wrapped: bytes) -> None:
+        """Replace a data key's wrapping (its key id and what it decrypts stay)."""
+        ...
+
+
+@dataclass
+class SealedEvent(Event):
+    """An event as an encrypted store writes it: sealed, with its blind index text (the
+    terms of its words, which the full-text index reads instead of the sealed content)."""
+
+    search_terms: str | None = None
+
+
+@dataclass
+class SealedMemory(Memory):
+    """A memory as an encrypted store writes it: text, content and metadata values sealed,
+    with its blind index terms (the keyed hashes of its terms, space-separated)."""
+
+    search_terms: str = ""
+
+
+class MemoryKeyTable:
+    """A key table in a dict: the in-memory store's."""
+
+    def __init__(self) -> None:
+        self._keys: dict[tuple[str, str], KeyRecord] = {}
+
+    async def newest(self, org_id: str, kind: str, owner: str) -> KeyRecord | None:
+        """Return the newest data key of a scope, None when it has none."""
+        found = [
+            r for r in self._keys.values()
+            if r.org_id == org_id and r.kind == kind and r.owner == owner
+        ]  # fmt: skip
+        return max(found, key=lambda r: (r.created_at, r.key_id), default=None)
+
+    async def find(self, org_id: str, key_id: str) -> KeyRecord | None:
+        """Return a data key by id, None when it is not there."""
+        return self._keys.get((org_id, key_id))
+
+    async def scope(self, org_id: str, kind: str, owner: str) -> list[KeyRecord]:
+        """Return every data key of a scope."""
+        return [
+            r for r in self._keys.values()
+            if r.org_id == org_id and r.kind == kind and r.owner == owner
+        ]  # fmt: skip
+
+    async def add(self, record: KeyRecord) -> None:
+        """Store a new data key."""
+        self._keys[(record.org_id, record.key_id)] = record
+
+    async def add_if_absent(self, record: KeyRecord) -> None:
+        """Store a data key unless its id is taken in its organisation."""
+        self._keys.setdefault((record.org_id, record.key_id), record)
+
+    async def drop(self, org_id: str, kind: str, owner: str) -> None:
+        """Delete every data key of a scope."""
+        for key, r in list(self._keys.items()):
+            if r.org_id == org_id and r.kind == kind and r.owner == owner:
+                del self._keys[key]
+
+    async def stale(self, master_id: str, limit: int) -> list[KeyRecord]:
+        """Return up to ``limit`` data keys wrapped by another master key."""
+        return [r for r in self._keys.values() if r.master_id != master_id][:limit]
+
+    async def rewrap(self, record: KeyRecord, master_id: str, wrapped: bytes) -> None:
+        """Replace a data key's wrapping."""
+        key = (record.org_id, record.key_id)
+        if key in self._keys:
+            self._keys[key] = replace(self._keys[key], master_id=master_id, wrapped=wrapped)
+
+
+def is_sealed(value: Any) -> bool:
+    """Whether a stored value is sealed (not plaintext written without a keyring)."""
+    return isinstance(value, str) and value.startswith(PREFIX)
+
+
+def row_aad(*parts: str) -> bytes:
+    """The associated data naming a row: its parts, each length-prefixed."""
+    return b"dse1" + b"".join([_aad_part(part) for part in parts])
+
+
+@functools.lru_cache(maxsize=4096)
+def _aad_part(part: str) -> bytes:
+    # Cached: a read opens many values of one organisation and session, with few field names.
+    data = part.encode("utf-8", "surrogatepass")
+    return len(data).to_bytes(4, "big") + data
+
+
+def _scope(org_id: str, kind: str, owner: str) -> str:
+    return json.dumps([org_id, kind, owner], ensure_ascii=False, separators=(",", ":"))
+
+
+class DataKey:
+    """An unwrapped data key: its cipher, its nonce key and (index keys) its hash key."""
+
+    __slots__ = ("_aead", "_nonce", "index", "key_id", "kind", "owner")
+
+    def __init__(self, key_id: str, kind: str, owner: str, material: bytes) -> None:
+        derived = HKDF(
+            algorithm=hashes.SHA256(), length=96, salt=None, info=b"durable-sessions data key"
+        ).derive(material)
+        self.key_id = key_id
+        self.kind = kind
+        self.owner = owner
+        self._aead = AESGCM(derived[:32])
+        self._nonce = derived[32:64]
+        self.index = derived[64:]
+
+    def seal(self, value: Any, aad: bytes) -> str:
+        """Encrypt a JSON value for the row ``aad`` names."""
+        plain = to_json(value).encode("utf-8", "surrogatepass")
+        nonce = hmac.digest(self._nonce, aad + b"\x00" + plain, "sha256")[:12]
+        sealed = nonce + self._aead.encrypt(nonce, plain, aad)
+        return f"{PREFIX}{self.key_id}:{binascii.b2a_base64(sealed, newline=False).decode()}"
+
+    def open(self, token: str, aad: bytes) -> Any:
+        """Decrypt a value this key sealed for the row ``aad`` names."""
+        try:
+            raw = binascii.a2b_base64(token[len(PREFIX) + len(self.key_id) + 1 :])
+            plain = self._aead.decrypt(raw[:12], raw[12:], aad)
+        except (InvalidTag, ValueError, binascii.Error):
+            raise DecryptionError(
+                f"a stored value does not decrypt with data key {self.key_id!r}: it was "
+                "altered, or moved from another row"
+            ) from None
+        return from_json(plain.decode("utf-8", "surrogatepass"))
+
+    def blind(self, content: Any) -> str:
+        """An event content's blind index text: the terms of its words, in order."""
+        if content is None:
+            return ""
+        return " ".join([self.term(word) for word in words(event_text(content))])
+
+    def term(self, word: str) -> str:
+        """A word's blind index term: 16 letters (a-p) of its keyed hash."""
+        digest = hmac.digest(self.index, word.encode("utf-8", "surrogatepass"), "sha256")
+        return digest[:8].hex().translate(_LETTERS)
+
+
+_LETTERS = str.maketrans("0123456789abcdef", "abcdefghijklmnop")
+
+
+def key_id_of(token: str) -> str:
+    """The data key id a sealed value names."""
+    end = token.find(":", len(PREFIX))
+    if end < 0:
+        raise DecryptionError("a stored value is not a sealed value")
+    return token[len(PREFIX) : end]
+
+
+class Sealer:
+    """A store's data keys: created, unwrapped (once per process), destroyed and re-wrapped.
+
+    Args:
+        keyring: Wraps and unwraps the data keys.
+        table: Where the wrapped data keys are kept.
+    """
+
+    def __init__(self, keyring: Keyring, table: KeyTable) -> None:
+        if not isinstance(keyring, Keyring):
+            raise InvalidArgumentError(
+                f"keyring must implement durable_sessions.crypto.Keyring, not "
+                f"{type(keyring).__name__}"
+            )
+        self.keyring = keyring
+        self.table = table
+        self._by_id: dict[tuple[str, str], DataKey] = {}
+        self._current: dict[tuple[str, str, str], DataKey] = {}
+        # Held while a scope's key is looked for and made: concurrent first uses of a scope
+        # (its first writes) share one key instead of each making its own.
+        self._making = asyncio.Lock()
+
+    def _remember(self, org_id: str, key: DataKey, *, current: bool) -> DataKey:
+        if len(self._by_id) > _CACHE_LIMIT:
+            self._by_id.clear()
+            self._current.clear()
+        self._by_id[(org_id, key.key_id)] = key
+        if current:
+            self._current[(org_id, key.kind, key.owner)] = key
+        return key
+
+    async def unwrap(self, record: KeyRecord) -> DataKey:
+        """Unwrap a stored data key with the keyring (without remembering it)."""
+        scope = _scope(record.org_id, record.kind, record.owner)
+        material = await self.keyring.unwrap(scope, record.master_id, record.wrapped)
+        return DataKey(record.key_id, record.kind, record.owner, material)
+
+    async def key(self, org_id: str, kind: str, owner: str) -> DataKey:
+        """Return the scope's current data key, made (and stored wrapped) if it has none."""
+        known = self._current.get((org_id, kind, owner))
+        if known is not None:
+            return known
+        async with self._making:
+            known = self._current.get((org_id, kind, owner))
+            if known is not None:
+                return known
+            if kind == INDEX:
+                return await self._index_key(org_id)
+            record = await self.table.newest(org_id, kind, owner)
+            if record is None:
+                return await self.new_key(org_id, kind, owner)
+            return self._remember(org_id, await self.unwrap(record), current=True)
+
+    async def _index_key(self, org_id: str) -> DataKey:
+        # One key per organisation across processes: a user key made twice by racing
+        # processes leaves two keys that each open what they sealed, but two index keys
+        # would hash the same word two ways, and a search would miss the other's rows. So
+        # the index key has one id: each store offers its own, the first row stays, and
+        # every store reads back that one.
+        record = await self.table.find(org_id, INDEX_KEY_ID)
+        if record is None:
+            await self.table.add_if_absent(await self.offer_index_key(org_id))
+            record = await self.table.find(org_id, INDEX_KEY_ID)
+            if record is None:
+                raise DecryptionError(
+                    f"the blind index key of organisation {org_id!r} vanished as it was made"
+                )
+        return self._remember(org_id, await self.unwrap(record), current=True)
+
+    async def offer_index_key(self, org_id: str) -> KeyRecord:
+        """Make a blind index key for the organisation, wrapped, to be stored unless it has
+        one already (``KeyTable.add_if_absent``)."""
+        master_id, wrapped = await self.keyring.wrap(
+            _scope(org_id, INDEX, ""), secrets.token_bytes(32)
+        )
+        return KeyRecord(org_id, INDEX_KEY_ID, INDEX, "", master_id, wrapped, utcnow())
+
+    async def new_key(self, org_id: str, kind: str, owner: str) -> DataKey:
+        """Make a new data key for the scope, store it wrapped and make it current (not for
+        the index kind, whose one key ``key`` makes)."""
+        if kind == INDEX:
+            raise InvalidArgumentError("an organisation has one blind index key, never a new one")
+        material = secrets.token_bytes(32)
+        master_id, wrapped = await self.keyring.wrap(_scope(org_id, kind, owner), material)
+        key_id = "k" + secrets.token_hex(8)
+        record = KeyRecord(org_id, key_id, kind, owner, master_id, wrapped, utcnow())
+        await self.table.add(record)
+        return self._remember(org_id, DataKey(key_id, kind, owner, material), current=True)
+
+    async def key_by_id(self, org_id: str, key_id: str) -> DataKey:
+        """Return the data key a sealed value names.
+
+        Raises:
+            DecryptionError: the key is not in the key table (destroyed by ``delete_user``,
+                or never in this database) or the keyring cannot unwrap it.
+        """
+        known = self._by_id.get((org_id, key_id))
+        if known is not None:
+            return known
+        record = await self.table.find(org_id, key_id)
+        if record is None:
+            raise DecryptionError(
+                f"data key {key_id!r} of organisation {org_id!r} is not in this store "
+                "(its user was erased, or the value was copied from another database)"
+            )
+        return self._remember(org_id, await self.unwrap(record), current=False)
+
+    async def keys_for(self, org_id: str, values: Iterable[Any]) -> dict[str, DataKey]:
+        """Return the data keys the sealed values among ``values`` name, by key id."""
+        found: dict[str, DataKey] = {}
+        for value in values:
+            if is_sealed(value):
+                key_id = key_id_of(value)
+                if key_id not in found:
+                    found[key_id] = await self.key_by_id(org_id, key_id)
+        return found
+
+    async def scope_keys(self, org_id: str, kind: str, owner: str) -> dict[str, DataKey]:
+        """Return every data key of a scope by id (to open values in a step that must not
+        suspend), the current one among them."""
+        found = {}
+        for record in await self.table.scope(org_id, kind, owner):
+            known = self._by_id.get((org_id, record.key_id))
+            if known is None:
+                known = self._remember(org_id, await self.unwrap(record), current=False)
+            found[record.key_id] = known
+        current = await self.key(org_id, kind, owner)
+        found[current.key_id] = current
+        return found
+
+    @staticmethod
+    def open_with(keys: dict[str, DataKey], value: Any, aad: bytes) -> Any:
+        """Decrypt a stored value with one of ``keys`` (``scope_keys``), without suspending.
+
+        Raises:
+            DecryptionError: the value names a key not among ``keys``.
+        """
+        if not is_sealed(value):
+            return value
+        key_id = key_id_of(value)
+        key = keys.get(key_id)
+        if key is None:
+            raise DecryptionError(f"data key {key_id!r} is not one of this scope's keys")
+        return key.open(value, aad)
+
+    async def open(self, org_id: str, value: Any, aad: bytes) -> Any:
+        """Decrypt a stored value (plaintext, written without a keyring, passes through)."""
+        if not (isinstance(value, str) and value.startswith(PREFIX)):
+            return value
+        key_id = key_id_of(value)
+        key = self._by_id.get((org_id, key_id))  # known: no suspension
+        if key is None:
+            key = await self.key_by_id(org_id, key_id)
+        return key.open(value, aad)
+
+    async def index_key(self, org_id: str) -> DataKey:
+        """Return the organisation's blind index key."""
+        return await self.key(org_id, INDEX, "")
+
+    async def blind_text(self, org_id: str, content: Any) -> str:
+        """The blind index text of an event's content: its words' terms, in order."""
+        if content is None:
+            return ""
+        return (await self.index_key(org_id)).blind(content)
+
+    async def forget(self, org_id: str, kind: str, owner: str) -> None:
+        """Destroy a scope's data keys: in the keyring first, then in the key table."""
+        await self.keyring.forget(_scope(org_id, kind, owner))
+        await self.table.drop(org_id, kind, owner)
+        self._current.pop((org_id, kind, owner), None)
+        for cached in [k for k, v in self._by_id.items() if k[0] == org_id and v.kind == kind]:
+            if self._by_id[cached].owner == owner:
+                del self._by_id[cached]
+
+    async def rotate(self, *, batch: int = 500) -> int:
+        """Re-wrap every data key under the keyring's current master key; return how many.
+
+        Only the key table changes: no sealed value is rewritten.
+        """
+        done = 0
+        while True:
+            current = self.keyring.current_master()
+            stale = await self.table.stale(current, batch)
+            if not stale:
+                return done
+            for record in stale:
+                scope = _scope(record.org_id, record.kind, record.owner)
+                material = await self.keyring.unwrap(scope, record.master_id, record.wrapped)
+                master_id, wrapped = await self.keyring.wrap(scope, material)
+                await self.table.rewrap(record, master_id, wrapped)
+                done += 1
+
+
+class Envelope:
+    """What a store seals and opens, row by row: one place for the associated data.
+
+    Sealing takes the data key the caller fetched first (``user_key``, ``app_key``), so a
+    store can fetch every key it needs before the step that must not suspend; opening
+    fetches the keys the values name.
+
+    The associated data of each kind of row:
+
+    - private state value: ``("state", org, session, key)``;
+    - ``user:`` value: ``("user", org, app, user, key)``; ``app:`` value:
+      ``("app", org, app, key)``;
+    - title: ``("title", org, session)``;
+    - event content: ``("content", org, session, event id)``; each value of its state
+      delta: ``("delta", org, session, event id, key)``.
+    """
+
+    def __init__(self, sealer: Sealer) -> None:
+        self.sealer = sealer
+
+    async def user_key(self, org_id: str, user_id: str) -> DataKey:
+        """Return the data key of a user's sessions, events and ``user:`` state."""
+        return await self.sealer.key(org_id, USER, user_id)
+
+    async def app_key(self, org_id: str, app_name: str) -> DataKey:
+        """Return the data key of an app's ``app:`` state."""
+        return await self.sealer.key(org_id, APP, app_name)
+
+    # -- sealing (no suspension) -----------------------------------------------------------
+
+    @staticmethod
+    def seal_private(
+        key: DataKey, org_id: str, session_id: str, state: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Seal a session's private state values (keys stay clear)."""
+        return {k: key.seal(v, row_aad("state", org_id, session_id, k)) for k, v in state.items()}
+
+    @staticmethod
+    def seal_user(
+        key: DataKey, org_id: str, app_name: str, user_id: str, items: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Seal ``user:`` values (keys without their prefix)."""
+        return {
+            k: key.seal(v, row_aad("user", org_id, app_name, user_id, k)) for k, v in items.items()
+        }
+
+    @staticmethod
+    def seal_app(key: DataKey, org_id: str, app_name: str, items: dict[str, Any]) -> dict[str, Any]:
+        """Seal ``app:`` values (keys without their prefix)."""
+        return {k: key.seal(v, row_aad("app", org_id, app_name, k)) for k, v in items.items()}
+
+    @staticmethod
+    def seal_title(key: DataKey, org_id: str, session_id: str, title: str) -> str:
+        """Seal a title; the empty title (untitled) stays empty."""
+        return key.seal(title, row_aad("title", org_id, session_id)) if title else ""
+
+    @staticmethod
+    def seal_content(
+        key: DataKey, org_id: str, session_id: str, event_id: str, content: Any
+    ) -> Any:
+        """Seal an event's content; no content (None) stays None."""
+        if content is None:
+            return None
+        return key.seal(content, row_aad("content", org_id, session_id, event_id))
+
+    @staticmethod
+    def seal_delta(
+        key: DataKey, org_id: str, session_id: str, event_id: str, delta: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Seal the values of an event's state delta (keys stay clear)."""
+        return {
+            k: key.seal(v, row_aad("delta", org_id, session_id, event_id, k))
+            for k, v in delta.items()
+        }
+
+    # -- opening ---------------------------------------------------------------------------
+
+    async def open_private(
+        self, org_id: str, session_id: str, state: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Open a session's private state values."""
+        open_ = self.sealer.open
+        return {
+            k: await open_(org_id, v, row_aad("state", org_id, session_id, k))
+            for k, v in state.items()
+        }
+
+    async def open_user(
+        self, org_id: str, app_name: str, user_id: str, items: Iterable[tuple[str, Any]]
+    ) -> dict[str, Any]:
+        """Open ``user:`` values (keys without their prefix)."""
+        open_ = self.sealer.open
+        return {
+            k: await open_(org_id, v, row_aad("user", org_id, app_name, user_id, k))
+            for k, v in items
+        }
+
+    async def open_app(
+        self, org_id: str, app_name: str, items: Iterable[tuple[str, Any]]
+    ) -> dict[str, Any]:
+        """Open ``app:`` values (keys without their prefix)."""
+        open_ = self.sealer.open
+        return {k: await open_(org_id, v, row_aad("app", org_id, app_name, k)) for k, v in items}
+
+    async def open_title(self, org_id: str, session_id: str, title: str) -> str:
+        """Open a title."""
+        opened = await self.sealer.open(org_id, title, row_aad("title", org_id, session_id))
+        if not isinstance(opened, str):
+            raise DecryptionError(f"the title of session {session_id!r} is not a sealed title")
+        return opened
+
+    async def open_content(self, org_id: str, session_id: str, event_id: str, content: Any) -> Any:
+        """Open an event's content."""
+        return await self.sealer.open(
+            org_id, content, row_aad("content", org_id, session_id, event_id)
+        )
+
+    async def open_delta(
+        self, org_id: str, session_id: str, event_id: str, delta: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Open the values of an event's state delta."""
+        open_ = self.sealer.open
+        return {
+            k: await open_(org_id, v, row_aad("delta", org_id, session_id, event_id, k))
+            for k, v in delta.items()
+        }
+
+    # -- whole rows ------------------------------------------------------------------------
+
+    def seal_changes(
+        self,
+        user_key: DataKey,
+        app_key: DataKey | None,
+        org_id: str,
+        session_id: str,
+        app_name: str,
+        user_id: str,
+        delta: ScopedDelta,
+    ) -> ScopedDelta:
+        """A delta with its set values sealed (deletes and expected values as they were)."""
+        sealed = replace(
+            delta,
+            private_set=self.seal_private(user_key, org_id, session_id, delta.private_set),
+            user_set=self.seal_user(user_key, org_id, app_name, user_id, delta.user_set),
+        )
+        if delta.app_set:
+            assert app_key is not None
+            sealed.app_set = self.seal_app(app_key, org_id, app_name, delta.app_set)
+        return sealed
+
+    def seal_event(
+        self,
+        key: DataKey,
+        org_id: str,
+        session_id: str,
+        event: Event,
+        search_terms: str | None = None,
+    ) -> SealedEvent:
+        """A copy of an event with its content and state delta sealed (and its blind index
+        text, ``Sealer.blind_text``)."""
+        return SealedEvent(
+            author=event.author,
+            content=self.seal_content(key, org_id, session_id, event.id, event.content),
+            invocation_id=event.invocation_id,
+            state_delta=self.seal_delta(key, org_id, session_id, event.id, event.state_delta),
+            tokens=event.tokens,
+            id=event.id,
+            timestamp=event.timestamp,
+            seq=event.seq,
+            search_terms=search_terms,
+        )
+
+    def seal_memory(
+        self, key: DataKey, index: DataKey, org_id: str, app_name: str, user_id: str, memory: Memory
+    ) -> SealedMemory:
+        """A memory with its text, content and metadata values sealed (its associated data
+        names the owner, the memory id and the field), and its blind index terms."""
+        assert memory.id is not None
+
+        def aad(*field: str) -> bytes:
+            return row_aad("memory", org_id, app_name, user_id, str(memory.id), *field)
+
+        content = memory.content
+        return SealedMemory(
+            text=key.seal(memory.text, aad("text")),
+            content=None if content is None else key.seal(content, aad("content")),
+            author=memory.author,
+            timestamp=memory.timestamp,
+            id=memory.id,
+            metadata={
+                k: key.seal(v, aad("metadata", k)) for k, v in (memory.metadata or {}).items()
+            },
+            session_id=memory.session_id,
+            seq=memory.seq,
+            search_terms=" ".join(index.term(term) for term in memory_terms(memory.text)),
+        )
+
+    async def open_memory(self, org_id: str, app_name: str, user_id: str, memory: Memory) -> Memory:
+        """Return a memory with its text, content and metadata opened (a plain ``Memory``)."""
+        open_ = self.sealer.open
+
+        def aad(*field: str) -> bytes:
+            return row_aad("memory", org_id, app_name, user_id, str(memory.id), *field)
+
+        text = await open_(org_id, memory.text, aad("text"))
+        if not isinstance(text, str):
+            raise DecryptionError(f"the text of memory {memory.id!r} is not a sealed text")
+        return Memory(
+            text,
+            content=await open_(org_id, memory.content, aad("content")),
+            author=memory.author,
+            timestamp=memory.timestamp,
+            id=memory.id,
+            metadata={
+                k: await open_(org_id, v, aad("metadata", k))
+                for k, v in (memory.metadata or {}).items()
+            },
+            session_id=memory.session_id,
+            seq=memory.seq,
+        )
+
+    async def open_state(
+        self, org_id: str, session_id: str, app_name: str, user_id: str, state: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Open a merged state (private, ``user:`` and ``app:`` keys, told by their prefix)."""
+        open_ = self.sealer.open
+        out: dict[str, Any] = {}
+        for k, v in state.items():
+            scope = scope_of(k)
+            if scope == "user":
+                aad = row_aad("user", org_id, app_name, user_id, k[len(USER_PREFIX) :])
+            elif scope == "app":
+                aad = row_aad("app", org_id, app_name, k[len(APP_PREFIX) :])
+            else:
+                aad = row_aad("state", org_id, session_id, k)
+            out[k] = await open_(org_id, v, aad)
+        return out
+
+    async def open_session(self, session: Session) -> Session:
+        """Open a session's title and state, in place; return it."""
+        session.title = await self.open_title(session.org_id, session.id, session.title)
+        if session.state:
+            session.state = await self.open_state(
+                session.org_id, session.id, session.app_name, session.user_id, session.state
+            )
+        return session
+
+    async def open_event(self, org_id: str, session_id: str, event: Event) -> Event:
+        """Return an event with its content and state delta opened (a plain ``Event``)."""
+        delta = event.state_delta
+        open_ = self.sealer.open
+        # One associated data prefix for the event's values (row_aad's parts, in order).
+        content_aad = row_aad("content", org_id, session_id, event.id)
+        delta_aad = row_aad("delta", org_id, session_id, event.id)
+        return Event(
+            author=event.author,
+            content=await open_(org_id, event.content, content_aad),
+            invocation_id=event.invocation_id,
+            state_delta={
+                k: await open_(org_id, v, delta_aad + _aad_part(k)) for k, v in delta.items()
+            }
+            if delta
+            else {},
+            tokens=event.tokens,
+            id=event.id,
+            timestamp=event.timestamp,
+            seq=event.seq,
+        )

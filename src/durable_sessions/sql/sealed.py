@@ -1,0 +1,146 @@
+"""The writes of an encrypted store that open values and seal them again for other rows.
+
+A fork copies its parent's private state, title and transcript; sealed, each value names
+its row (``sealing.Envelope``), so the child's copies are opened and sealed again for the
+child, in the same write transaction as the plain fork: the parent read (and locked on
+Postgres), the child inserted, its events written. The data keys it needs are fetched
+before (``Sealer.scope_keys``): a program does not suspend between its statements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy import Text, bindparam, cast, column, insert, table
+from sqlalchemy.dialects.postgresql import TSVECTOR
+from sqlalchemy.engine import Dialect
+
+from ..errors import DecryptionError, SessionExistsError, SessionNotFoundError
+from ..fulltext import search_vector_of
+from ..model import Session
+from ..prepare import fork_state, merge_state
+from ..sealing import DataKey, Envelope, Sealer, row_aad
+from .compiled import Compiled
+from .dialect import DialectOps
+from .programs import Job, event_from_row, session_from_row, shared_items
+from .runner import Program, Query
+from .schema import events
+from .stepwise import StepwiseStatements, bound_row
+
+__all__ = ["ForkStatements", "sealed_fork", "sealed_fork_statements"]
+
+
+@dataclass(frozen=True)
+class ForkStatements:
+    """The statements of a sealed fork, and how its events carry their blind index."""
+
+    q: StepwiseStatements
+    events: Compiled
+    insert_event: Compiled
+    vectors: bool
+    """Postgres: each event row sends its search vector (of its blind index terms);
+    SQLite: its ``search_terms``, which the full-text index reads."""
+
+
+def sealed_fork_statements(
+    ops: DialectOps, dialect: Dialect, sqlite: StepwiseStatements | None
+) -> ForkStatements:
+    """The statements of a sealed fork: SQLite's own (``sqlite``), or Postgres's steps."""
+    q = sqlite if sqlite is not None else StepwiseStatements(ops, dialect)
+    every_event = q.compile(q.events_query(False, False))
+    if sqlite is not None:
+        return ForkStatements(q, every_event, q.insert_event, vectors=False)
+    with_vector = table(
+        events.name, *[column(c.name, c.type) for c in events.c], column("search_vector", TSVECTOR)
+    )
+    values = {
+        **bound_row(events),
+        "search_vector": cast(bindparam("search_vector", type_=Text), TSVECTOR),
+    }
+    return ForkStatements(
+        q, every_event, q.compile(insert(with_vector).values(values)), vectors=True
+    )
+
+
+def sealed_fork(
+    statements: ForkStatements,
+    params: dict[str, Any],
+    keys: dict[str, DataKey],
+    current: DataKey,
+    index: DataKey,
+) -> Job[Session]:
+    """Fork a session of an encrypted store (the parameters of ``SQLStore.fork``).
+
+    ``keys`` are the data keys of the parent's user (by id), ``current`` the one to seal
+    with, ``index`` the organisation's blind index key.
+    Returns the child with its state (and shared state) sealed as stored: the caller
+    opens it.
+    """
+    return Job(_fork(statements, params, keys, current, index), "write")
+
+
+def _fork(
+    statements: ForkStatements,
+    params: dict[str, Any],
+    keys: dict[str, DataKey],
+    current: DataKey,
+    index: DataKey,
+) -> Program[Session]:
+    q = statements.q
+    org_id, parent_id, child_id = params["k_org"], params["k_id"], params["k_child"]
+    with_events, now = params["v_with_events"], params["v_now"]
+    parent = (yield Query(q.parent, {"k_org": org_id, "k_id": parent_id})).first()
+    if parent is None:
+        raise SessionNotFoundError(org_id, parent_id)
+    if parent.user_id != current.owner:
+        raise DecryptionError(f"session {parent_id!r} changed owner while it was forked")
+    open_ = Sealer.open_with
+    private = {
+        k: open_(keys, v, row_aad("state", org_id, parent_id, k)) for k, v in parent.state.items()
+    }
+    title = open_(keys, parent.title, row_aad("title", org_id, parent_id)) if parent.title else ""
+    sealed_private = Envelope.seal_private(
+        current, org_id, child_id, fork_state(private, parent_id)
+    )
+    row = {
+        "org_id": org_id, "id": child_id, "user_id": parent.user_id,
+        "app_name": parent.app_name, "title": Envelope.seal_title(current, org_id, child_id, title),
+        "state": sealed_private, "parent_id": parent_id, "created_at": now, "updated_at": now,
+        "message_count": parent.message_count if with_events else 0,
+        "token_total": parent.token_total if with_events else 0,
+        "event_seq": parent.event_seq if with_events else 0, "version": 1,
+        "incarnation": params["v_child_incarnation"],
+    }  # fmt: skip
+    if (yield Query(q.insert_session, {**row, "k_org": org_id})).first() is None:
+        raise SessionExistsError(org_id, child_id)
+    if with_events:
+        found = (yield Query(statements.events, {"k_org": org_id, "k_id": parent_id})).rows
+        rows = []
+        for event in (event_from_row(r) for r in found):
+            content = open_(keys, event.content, row_aad("content", org_id, parent_id, event.id))
+            delta = {
+                k: open_(keys, v, row_aad("delta", org_id, parent_id, event.id, k))
+                for k, v in event.state_delta.items()
+            }
+            rows.append(
+                {
+                    "k_org": org_id, "session_id": child_id, "seq": event.seq, "id": event.id,
+                    "author": event.author, "invocation_id": event.invocation_id,
+                    "content": Envelope.seal_content(current, org_id, child_id, event.id, content),
+                    "state_delta": Envelope.seal_delta(current, org_id, child_id, event.id, delta),
+                    "tokens": event.tokens, "timestamp": event.timestamp,
+                }
+            )  # fmt: skip
+            blind = index.blind(content)
+            if statements.vectors:
+                rows[-1]["search_vector"] = search_vector_of(blind.split())
+            else:
+                rows[-1]["search_terms"] = blind
+        if rows:
+            yield Query(statements.insert_event, rows, many=True)
+    owner = {"k_org": org_id, "k_app": parent.app_name, "k_user": parent.user_id}
+    shared = (yield Query(q.shared, owner)).first()
+    state = merge_state(sealed_private, *shared_items(shared.user_state, shared.app_state))
+    return session_from_row(SimpleNamespace(**row), state)

@@ -1,0 +1,243 @@
+"""Encryption at rest, on every store: what the stored bytes hold, and what a copy tells."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from durable_sessions import (
+    DecryptionError,
+    Event,
+    InMemoryStore,
+    InvalidArgumentError,
+    Memory,
+    Session,
+    SQLStore,
+    Store,
+)
+from durable_sessions.crypto import LocalKeyring
+from support.sql import SQL_BACKENDS
+from support.vaults import MemoryVault, PostgresVault, SQLiteVault
+
+SECRETS = ["zanzibar", "quokkahat", "marzipanic", "umbrellic", "tangerinox", "vortexal"]
+"""Words that occur nowhere else: each is looked for in the stored bytes."""
+
+ORG = "org"
+
+
+@pytest.fixture(params=[pytest.param("memory", marks=pytest.mark.memory), *SQL_BACKENDS])
+async def vault(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    """An encrypted store of each kind, with its keyring at ``tmp_path / 'keys.json'``."""
+    async for made in _vault(request, tmp_path):
+        yield made
+
+
+@pytest.fixture(params=SQL_BACKENDS)
+async def sql_vault(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    """An encrypted SQL store of each kind (a database outlives a store without a keyring)."""
+    async for made in _vault(request, tmp_path):
+        yield made
+
+
+async def _vault(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    keyring = LocalKeyring(tmp_path / "keys.json")
+    made: Any
+    copies: list[str] = []
+    if request.param == "memory":
+        made = MemoryVault(keyring)
+    elif request.param == "sqlite":
+        url = request.getfixturevalue("migrated_sqlite_url")
+        made = SQLiteVault(Path(url.removeprefix("sqlite+aiosqlite:///")), keyring)
+    else:
+        from conftest import create_pg_database
+
+        base = request.getfixturevalue("pg_base_url")
+
+        def copy_database(url: str) -> str:
+            copies.append(create_pg_database(base, template=url))
+            return copies[-1]
+
+        made = PostgresVault(
+            request.getfixturevalue("fresh_migrated_pg_url")(), keyring, copy_database
+        )
+    yield made
+    await made.close()
+    for url in copies:
+        request.getfixturevalue("_pg_dropper").drop(url)
+
+
+async def _fill(store: Store, user: str, word: str, session_id: str) -> Session:
+    session = Session(
+        id=session_id,
+        org_id=ORG,
+        user_id=user,
+        app_name="app",
+        title=f"title {word}",
+        state={"private": f"p {word}", "user:pref": f"u {word}", "app:motd": f"a {word}"},
+    )
+    await store.create(session)
+    event = Event(
+        author="user", content={"text": f"hello {word} again"}, state_delta={"k": f"d {word}"}
+    )
+    await store.append_event(ORG, session_id, event)
+    return session
+
+
+async def test_nothing_users_said_is_stored_in_clear(vault: Any) -> None:
+    store = vault.store
+    await _fill(store, "alice", SECRETS[0], "s1")
+    session = await store.get_with_events(ORG, "s1")
+    assert session.title == f"title {SECRETS[0]}"
+    assert session.state == {
+        "private": f"p {SECRETS[0]}", "user:pref": f"u {SECRETS[0]}", "app:motd": f"a {SECRETS[0]}",
+        "k": f"d {SECRETS[0]}",
+    }  # fmt: skip
+    assert session.events[0].content == {"text": f"hello {SECRETS[0]} again"}
+    assert session.events[0].state_delta == {"k": f"d {SECRETS[0]}"}
+    [hit] = await store.search(ORG, SECRETS[0].upper())  # the blind index: whole words
+    assert hit.session_id == "s1"
+    assert hit.event.content == {"text": f"hello {SECRETS[0]} again"}
+    assert await store.search(ORG, SECRETS[0][:-1]) == []
+    raw = await vault.raw()
+    assert SECRETS[0].encode() not in raw
+    assert b"hello" not in raw
+    assert b"again" not in raw
+
+
+async def test_a_value_moved_to_another_row_does_not_decrypt(vault: Any) -> None:
+    store = vault.store
+    await _fill(store, "alice", SECRETS[0], "s1")
+    await _fill(store, "alice", SECRETS[1], "s2")
+    await vault.move_private_value(ORG, "s1", "s2", "private")
+    with pytest.raises(DecryptionError):
+        await store.get(ORG, "s2")
+    await vault.move_content(ORG, "s1", "s2")
+    with pytest.raises(DecryptionError):
+        await store.list_events(ORG, "s2")
+    assert (await store.get(ORG, "s1")).state["private"] == f"p {SECRETS[0]}"
+
+
+async def test_another_keyring_gets_a_decryption_error_not_garbage(
+    vault: Any, tmp_path: Path
+) -> None:
+    await _fill(vault.store, "alice", SECRETS[0], "s1")
+    stolen = await vault.snapshot()
+    other = await vault.reopen(stolen, LocalKeyring(tmp_path / "other.json"))
+    with pytest.raises(DecryptionError):
+        await other.get(ORG, "s1")
+    with pytest.raises(DecryptionError):
+        await other.list_events(ORG, "s1")
+    same = await vault.reopen(stolen, LocalKeyring(tmp_path / "keys.json"))
+    assert (await same.get(ORG, "s1")).title == f"title {SECRETS[0]}"
+
+
+async def test_delete_user_shreds_the_user_in_copies_taken_before(
+    vault: Any, tmp_path: Path
+) -> None:
+    await _fill(vault.store, "alice", SECRETS[0], "s1")
+    await _fill(vault.store, "bob", SECRETS[1], "s2")
+    backup = await vault.snapshot()
+    assert await vault.store.delete_user(ORG, "alice") == 1
+    restored = await vault.reopen(backup, LocalKeyring(tmp_path / "keys.json"))
+    with pytest.raises(DecryptionError):
+        await restored.get(ORG, "s1")
+    with pytest.raises(DecryptionError):
+        await restored.list_events(ORG, "s1")
+    bob = await restored.get_with_events(ORG, "s2")
+    assert bob.state["private"] == f"p {SECRETS[1]}"
+    assert bob.events[0].content == {"text": f"hello {SECRETS[1]} again"}
+    # The live store goes on: alice may come back, under a new key.
+    await _fill(vault.store, "alice", SECRETS[2], "s3")
+    assert (await vault.store.get(ORG, "s3")).state["user:pref"] == f"u {SECRETS[2]}"
+
+
+async def test_rotation_then_removing_the_old_master_key_still_reads_everything(
+    vault: Any, tmp_path: Path
+) -> None:
+    await _fill(vault.store, "alice", SECRETS[0], "s1")
+    await _fill(vault.store, "bob", SECRETS[1], "s2")
+    keyring = vault.store.keyring
+    old = keyring.current_master()
+    keyring.rotate()
+    assert await vault.store.rotate_keys() >= 4  # alice's, bob's, the app's, the index's
+    assert await vault.store.rotate_keys() == 0
+    keyring.remove(old)
+    restored = await vault.reopen(await vault.snapshot(), LocalKeyring(tmp_path / "keys.json"))
+    for user, word, sid in (("alice", SECRETS[0], "s1"), ("bob", SECRETS[1], "s2")):
+        session = await restored.get_with_events(ORG, sid)
+        assert session.state["private"] == f"p {word}"
+        assert session.events[0].content == {"text": f"hello {word} again"}
+        assert [h.session_id for h in await restored.search(ORG, word)] == [sid]
+        assert (await restored.get_shared_state(ORG, "app", user))["user:pref"] == f"u {word}"
+
+
+async def test_reencrypt_moves_every_row_to_new_keys_and_can_run_again(vault: Any) -> None:
+    await _fill(vault.store, "alice", SECRETS[0], "s1")
+    await vault.store.add_memories(ORG, "app", "alice", [Memory(f"likes {SECRETS[1]}")])
+    before = await vault.raw()
+    # a session row, an event, a user: value, an app: value and a memory
+    assert await vault.store.reencrypt() == 5
+    assert await vault.store.reencrypt(new_keys=False) == 0  # a second run finds nothing to do
+    assert await vault.raw() != before
+    session = await vault.store.get_with_events(ORG, "s1")
+    assert session.title == f"title {SECRETS[0]}"
+    assert session.state["app:motd"] == f"a {SECRETS[0]}"
+    assert session.events[0].state_delta == {"k": f"d {SECRETS[0]}"}
+    assert [h.session_id for h in await vault.store.search(ORG, SECRETS[0])] == ["s1"]
+    [memory] = await vault.store.search_memories(ORG, "app", "alice", SECRETS[1])
+    assert memory.text == f"likes {SECRETS[1]}"
+
+
+async def test_reencrypt_encrypts_what_was_written_without_a_keyring(sql_vault: Any) -> None:
+    plain = SQLStore(sql_vault.engine)
+    await _fill(plain, "alice", SECRETS[3], "s1")
+    await plain.add_memories(ORG, "app", "alice", [Memory(f"likes {SECRETS[5]}")])
+    assert SECRETS[3].encode() in await sql_vault.raw()
+    store = sql_vault.store  # the same database, with a keyring: reads what is there
+    assert (await store.get(ORG, "s1")).state["user:pref"] == f"u {SECRETS[3]}"
+    assert await store.reencrypt(new_keys=False) == 5
+    await plain.close()
+    raw = await sql_vault.raw()
+    assert SECRETS[3].encode() not in raw
+    session = await store.get_with_events(ORG, "s1")
+    assert session.events[0].content == {"text": f"hello {SECRETS[3]} again"}
+    assert [h.session_id for h in await store.search(ORG, SECRETS[3])] == ["s1"]
+    [memory] = await store.search_memories(ORG, "app", "alice", SECRETS[5])
+    assert memory.text == f"likes {SECRETS[5]}"
+    assert SECRETS[5].encode() not in raw
+
+
+async def test_key_operations_need_a_keyring() -> None:
+    for operation in (InMemoryStore().rotate_keys(), InMemoryStore().reencrypt()):
+        with pytest.raises(InvalidArgumentError, match="needs a store with a keyring"):
+            await operation
+
+
+async def test_a_keyring_is_refused_in_distributed_mode(tmp_path: Path) -> None:
+    engine = create_async_engine("postgresql+asyncpg://nobody@127.0.0.1:1/none")
+    with pytest.raises(InvalidArgumentError, match="distributed mode"):
+        SQLStore(engine, distributed=True, keyring=LocalKeyring(tmp_path / "k.json"))
+    await engine.dispose()
+
+
+async def test_long_term_memories_are_sealed_searched_blind_and_shredded(
+    vault: Any, tmp_path: Path
+) -> None:
+    store = vault.store
+    word = SECRETS[4]
+    [added] = await store.add_memories(
+        ORG, "app", "alice", [Memory(f"alice likes {word}", metadata={"why": f"said {word}"})]
+    )
+    assert added.text == f"alice likes {word}"
+    [found] = await store.search_memories(ORG, "app", "alice", word)
+    assert (found.text, found.metadata) == (f"alice likes {word}", {"why": f"said {word}"})
+    assert word.encode() not in await vault.raw()
+    backup = await vault.snapshot()
+    await store.delete_user(ORG, "alice")
+    restored = await vault.reopen(backup, LocalKeyring(tmp_path / "keys.json"))
+    with pytest.raises(DecryptionError):
+        await restored.search_memories(ORG, "app", "alice", word)

@@ -1,0 +1,170 @@
+"""The keyring and the envelope: what a keyring file holds, wraps, rotates and forgets."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from durable_sessions import DecryptionError, InvalidArgumentError, StoreError
+from durable_sessions.crypto import Keyring, LocalKeyring
+from durable_sessions.sealing import INDEX, USER, DataKey, MemoryKeyTable, Sealer, row_aad
+
+KEY = bytes(range(32))
+
+
+def test_a_keyring_file_is_created_private_with_one_master_key(tmp_path: Path) -> None:
+    keyring = LocalKeyring(tmp_path / "keys.json")
+    assert isinstance(keyring, Keyring)
+    assert stat.S_IMODE(os.stat(tmp_path / "keys.json").st_mode) == 0o600
+    assert keyring.master_ids() == [keyring.current_master()]
+
+
+async def test_a_wrapped_key_unwraps_through_the_same_file_only(tmp_path: Path) -> None:
+    keyring = LocalKeyring(tmp_path / "keys.json")
+    master_id, wrapped = await keyring.wrap("scope", KEY)
+    assert KEY not in wrapped
+    again = LocalKeyring(tmp_path / "keys.json")
+    assert await again.unwrap("scope", master_id, wrapped) == KEY
+    other = LocalKeyring(tmp_path / "other.json")
+    with pytest.raises(DecryptionError):
+        await other.unwrap("scope", master_id, wrapped)
+    with pytest.raises(DecryptionError):  # another scope's key does not unwrap as this one's
+        await keyring.unwrap("another", master_id, wrapped)
+
+
+async def test_a_scope_added_by_another_process_is_read_from_the_file(tmp_path: Path) -> None:
+    first = LocalKeyring(tmp_path / "keys.json")
+    second = LocalKeyring(tmp_path / "keys.json")
+    master_id, wrapped = await second.wrap("scope", KEY)
+    assert await first.unwrap("scope", master_id, wrapped) == KEY
+    await first.wrap("other", KEY)  # a rewrite by one keeps the other's scope
+    assert await LocalKeyring(tmp_path / "keys.json").unwrap("scope", master_id, wrapped) == KEY
+
+
+async def test_rotation_keeps_old_keys_readable_until_the_old_master_is_removed(
+    tmp_path: Path,
+) -> None:
+    keyring = LocalKeyring(tmp_path / "keys.json")
+    old = keyring.current_master()
+    old_id, old_wrapped = await keyring.wrap("scope", KEY)
+    new = keyring.rotate()
+    assert new != old
+    assert keyring.current_master() == new
+    assert keyring.master_ids() == [old, new]
+    assert await keyring.unwrap("scope", old_id, old_wrapped) == KEY
+    new_id, new_wrapped = await keyring.wrap("scope", KEY)
+    assert new_id == new
+    with pytest.raises(InvalidArgumentError):
+        keyring.remove(new)
+    keyring.remove(old)
+    reopened = LocalKeyring(tmp_path / "keys.json")
+    assert await reopened.unwrap("scope", new_id, new_wrapped) == KEY
+    with pytest.raises(DecryptionError, match="not in this keyring"):
+        await reopened.unwrap("scope", old_id, old_wrapped)
+
+
+async def test_forgetting_a_scope_leaves_the_others_readable(tmp_path: Path) -> None:
+    keyring = LocalKeyring(tmp_path / "keys.json")
+    gone = await keyring.wrap("gone", KEY)
+    kept = await keyring.wrap("kept", KEY)
+    await keyring.forget("gone")
+    await keyring.forget("gone")  # twice is no error
+    for each in (keyring, LocalKeyring(tmp_path / "keys.json")):
+        with pytest.raises(DecryptionError):
+            await each.unwrap("gone", *gone)
+        assert await each.unwrap("kept", *kept) == KEY
+
+
+def test_a_path_that_is_not_a_keyring_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="not a regular file"):
+        LocalKeyring(tmp_path)
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    with pytest.raises(InvalidArgumentError, match="not a durable-sessions keyring"):
+        LocalKeyring(tmp_path / "other.json")
+    assert (tmp_path / "other.json").read_text() == '{"a": 1}'
+
+
+def test_a_keyring_through_a_symlink_keeps_the_link(tmp_path: Path) -> None:
+    LocalKeyring(tmp_path / "real.json")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    LocalKeyring(tmp_path / "link.json").rotate()
+    assert (tmp_path / "link.json").is_symlink()
+    assert len(LocalKeyring(tmp_path / "real.json").master_ids()) == 2
+
+
+def test_decryption_error_is_a_store_error() -> None:
+    assert issubclass(DecryptionError, StoreError)
+
+
+def test_a_sealed_value_opens_only_in_its_own_row() -> None:
+    key = DataKey("k1", USER, "u", KEY)
+    here, there = row_aad("state", "org", "s1", "k"), row_aad("state", "org", "s2", "k")
+    sealed = key.seal({"secret": "hunter2"}, here)
+    assert "hunter2" not in sealed
+    assert sealed.startswith("dse1:k1:")
+    assert key.open(sealed, here) == {"secret": "hunter2"}
+    assert key.seal({"secret": "hunter2"}, here) == sealed  # the same value, the same text
+    with pytest.raises(DecryptionError, match="moved from another row"):
+        key.open(sealed, there)
+    tampered = sealed[:-4] + ("AAAA" if not sealed.endswith("AAAA") else "BBBB")
+    with pytest.raises(DecryptionError):
+        key.open(tampered, here)
+    with pytest.raises(DecryptionError):
+        DataKey("k1", USER, "u", bytes(32)).open(sealed, here)
+
+
+def test_row_aad_parts_cannot_be_shifted() -> None:
+    assert row_aad("ab", "c") != row_aad("a", "bc")
+
+
+def test_blind_terms_are_letters_keyed_per_key() -> None:
+    one, two = DataKey("k1", INDEX, "", KEY), DataKey("k2", INDEX, "", bytes(32))
+    term = one.term("hello")
+    assert term == one.term("hello")
+    assert len(term) == 16
+    assert set(term) <= set("abcdefghijklmnop")
+    assert term != one.term("world")
+    assert term != two.term("hello")
+
+
+async def test_a_sealer_keeps_one_key_per_scope_and_forgets_it(tmp_path: Path) -> None:
+    keyring = LocalKeyring(tmp_path / "keys.json")
+    table = MemoryKeyTable()
+    sealer = Sealer(keyring, table)
+    key = await sealer.key("org", USER, "alice")
+    assert await sealer.key("org", USER, "alice") is key
+    other = await sealer.key("org", USER, "bob")
+    aad = row_aad("x")
+    sealed, kept = key.seal("a", aad), other.seal("b", aad)
+    fresh = Sealer(LocalKeyring(tmp_path / "keys.json"), table)  # another process
+    assert await fresh.open("org", sealed, aad) == "a"
+    assert await fresh.open("org", "plain", aad) == "plain"  # written without a keyring
+    await sealer.forget("org", USER, "alice")
+    for each in (sealer, Sealer(LocalKeyring(tmp_path / "keys.json"), table)):
+        with pytest.raises(DecryptionError):
+            await each.open("org", sealed, aad)
+        assert await each.open("org", kept, aad) == "b"
+    with pytest.raises(DecryptionError):  # another organisation has no such key
+        await sealer.open("other", kept, aad)
+
+
+async def test_a_sealer_rotation_rewraps_without_changing_values(tmp_path: Path) -> None:
+    keyring = LocalKeyring(tmp_path / "keys.json")
+    table = MemoryKeyTable()
+    sealer = Sealer(keyring, table)
+    sealed = (await sealer.key("org", USER, "alice")).seal("v", row_aad("x"))
+    old = keyring.current_master()
+    keyring.rotate()
+    assert await sealer.rotate() == 1
+    assert await sealer.rotate() == 0
+    keyring.remove(old)
+    fresh = Sealer(LocalKeyring(tmp_path / "keys.json"), table)
+    assert await fresh.open("org", sealed, row_aad("x")) == "v"
+
+
+def test_a_sealer_needs_a_keyring() -> None:
+    with pytest.raises(InvalidArgumentError, match="Keyring"):
+        Sealer(object(), MemoryKeyTable())  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ application's other engines, are left as they were.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -47,8 +48,18 @@ def on_classes() -> list[bool]:
 def test_importing_the_package_registers_nothing_on_sqlalchemys_classes() -> None:
     """In a fresh process: import every public module, make an engine of the application's
     own, and SQLAlchemy's classes carry no listener of ours."""
+    modules = ["durable_sessions", "durable_sessions.sql"]
+    # The adapters, where their frameworks are installed (the lowest-versions run installs
+    # google-adk in its second step).
+    for module, needs in (("adk", "google.adk"), ("openai_agents", "agents")):
+        try:
+            installed = importlib.util.find_spec(needs) is not None
+        except ModuleNotFoundError:  # google.adk's parent package is missing too
+            installed = False
+        if installed:
+            modules.append(f"durable_sessions.{module}")
     code = (
-        "import durable_sessions, durable_sessions.sql, durable_sessions.adk\n"
+        f"import {', '.join(modules)}\n"
         "from sqlalchemy import create_engine, event\n"
         "from sqlalchemy.engine import Engine\n"
         "from sqlalchemy.pool import Pool\n"

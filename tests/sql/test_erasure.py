@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from durable_sessions import Event, Manager, Memory, SQLStore
 
@@ -77,7 +78,11 @@ def secure_delete_off(dbapi_conn: Any, record: Any) -> None:
 
 @pytest.fixture
 async def sqlite_engine(tmp_path: Path) -> AsyncEngine:
-    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'erase.db'}")
+    # The pool SQLAlchemy 2.1 gives a file database (2.0 gives NullPool, whose every
+    # connection closes after use, and the last close removes the log altogether).
+    engine = create_async_engine(
+        f"sqlite+aiosqlite:///{tmp_path / 'erase.db'}", poolclass=AsyncAdaptedQueuePool
+    )
     event.listen(engine.sync_engine, "connect", secure_delete_off)
     await SQLStore(engine).migrate()
     yield engine  # type: ignore[misc]

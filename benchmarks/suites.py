@@ -75,6 +75,12 @@ SUITES: dict[str, Suite] = {
         quick=(*_SHORT, "--rounds", "1"),
         needs=("google.adk",),
     ),
+    "guest-cost": Suite(
+        "benchmarks.guest_cost",
+        "the ADK adapter as shipped beside the host giving back GC, pool order, zeroing",
+        ("guest_cost.json", "guest_cost.md"),
+        needs=("google.adk",),
+    ),
     "openai": Suite(
         "benchmarks.openai_suite",
         "the OpenAI Agents SDK session beside the SDK's SQLAlchemySession",

@@ -10,6 +10,7 @@ program and how the runner must run it.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 from datetime import datetime, timezone
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -373,12 +374,25 @@ class Programs:
         already."""
         return None
 
-    def check_shared_deletes(self, params: dict[str, Any], delta: ScopedDelta) -> Program[None]:
-        """Lock the shared keys a save deletes and check they hold what the copy read."""
+    def held_deletes(
+        self, params: dict[str, Any], delta: ScopedDelta, owner: Any = None
+    ) -> Program[ScopedDelta]:
+        """Lock the shared keys a save deletes, check they hold what the copy read, and
+        return ``delta`` deleting only the keys found (and so locked).
+
+        A key that is gone when it is looked for is no conflict, and is not deleted: at READ
+        COMMITTED nothing locks its absence, so another writer may set it again before this
+        save's delete runs, and that value is newer than anything this copy read.
+
+        Args:
+            owner: The stored session's row (``app_name``, ``user_id``) when the caller has
+                read it already; else it is read here.
+        """
         org_id, session_id = params["k_org"], params["k_id"]
-        owner = (yield Query(self.q.meta, {"k_org": org_id, "k_id": session_id})).first()
         if owner is None:
-            raise SessionNotFoundError(org_id, session_id)
+            owner = (yield Query(self.q.meta, {"k_org": org_id, "k_id": session_id})).first()
+            if owner is None:
+                raise SessionNotFoundError(org_id, session_id)
         stored: builtins.list[tuple[str, str, Any]] = []
         key = {"k_org": org_id, "k_app": owner.app_name, "k_user": owner.user_id}
         if delta.user_expected:
@@ -388,6 +402,12 @@ class Programs:
             found = yield Query(self.q.app_values, {**key, "k_keys": sorted(delta.app_expected)})
             stored += [("app", row.key, row.value) for row in found.rows]
         check_shared_deletes(org_id, session_id, params["v_expected"], stored, delta)
+        held = {scope: {k for s, k, _ in stored if s == scope} for scope in ("user", "app")}
+        return dataclasses.replace(
+            delta,
+            user_deleted=delta.user_deleted & held["user"],
+            app_deleted=delta.app_deleted & held["app"],
+        )
 
     # -- retention ---------------------------------------------------------------------------
 

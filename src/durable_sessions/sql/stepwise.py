@@ -188,7 +188,7 @@ class StepwisePrograms(Programs):
     def _update(self, params: dict[str, Any], delta: ScopedDelta) -> Program[int]:
         done = yield from self.guarded(Query(self.q.update, params), params)
         if delta.user_deleted or delta.app_deleted:
-            yield from self.check_shared_deletes(params, delta)
+            delta = yield from self.held_deletes(params, delta, done)
         # The stored owner, not the copy's: a copy whose user_id or app_name was edited
         # still writes its shared keys where they belong.
         yield from self._write_shared(

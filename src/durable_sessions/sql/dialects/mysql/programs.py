@@ -14,7 +14,6 @@ and runs it again (``retried``), up to ``ATTEMPTS`` times; after that the error 
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -48,7 +47,6 @@ from ....model import Event, Session
 from ....prepare import (
     RECREATED,
     check_counters,
-    check_shared_deletes,
     fork_state,
     merge_state,
 )
@@ -406,39 +404,12 @@ class MySQLPrograms(Programs):
     def _update(self, params: dict[str, Any], delta: ScopedDelta) -> Program[int]:
         row = yield from self._locked(params)
         if delta.user_deleted or delta.app_deleted:
-            delta = yield from self._held_deletes(params, row, delta)
+            delta = yield from self.held_deletes(params, delta, row)
         yield from self._set(row, params, v_title=params["v_title"], v_state=params["v_state"])
         yield from self._write_shared(
             params["k_org"], row.app_name, row.user_id, delta, params["v_now"]
         )
         return int(row.version) + 1
-
-    def _held_deletes(
-        self, params: dict[str, Any], row: Any, delta: ScopedDelta
-    ) -> Program[ScopedDelta]:
-        """Lock the shared keys a save deletes (``FOR UPDATE``), check they hold what the
-        copy read, and return ``delta`` deleting only the keys found and locked.
-
-        A key that is gone when it is looked for is no conflict, and is not deleted: at READ
-        COMMITTED nothing locks its absence, so another writer may set it again before this
-        save's DELETE runs, and that value is newer than anything this copy read.
-        """
-        org_id = params["k_org"]
-        key = {"k_org": org_id, "k_app": row.app_name, "k_user": row.user_id}
-        stored: builtins.list[tuple[str, str, Any]] = []
-        if delta.user_expected:
-            found = yield Query(self.q.user_values, {**key, "k_keys": sorted(delta.user_expected)})
-            stored += [("user", r.key, r.value) for r in found.rows]
-        if delta.app_expected:
-            found = yield Query(self.q.app_values, {**key, "k_keys": sorted(delta.app_expected)})
-            stored += [("app", r.key, r.value) for r in found.rows]
-        check_shared_deletes(org_id, params["k_id"], params["v_expected"], stored, delta)
-        held = {scope: {k for s, k, _ in stored if s == scope} for scope in ("user", "app")}
-        return dataclasses.replace(
-            delta,
-            user_deleted=delta.user_deleted & held["user"],
-            app_deleted=delta.app_deleted & held["app"],
-        )
 
     def append(self, params: dict[str, Any], stored: Event, delta: ScopedDelta) -> Job[int]:
         return self._write(lambda: self._append_many(dict(params), [stored], delta, title=False))

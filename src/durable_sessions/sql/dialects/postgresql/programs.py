@@ -551,7 +551,7 @@ class PostgresPrograms(PostgresReads):
 
     def _update(self, params: dict[str, Any], delta: ScopedDelta, guarded: bool) -> Program[int]:
         if guarded:
-            yield from self.check_shared_deletes(params, delta)
+            delta = yield from self.held_deletes(params, delta)
         stmt = self.q.writing("update", delta)
         done = (yield Query(stmt, {**params, **shared_params(delta)})).first()
         if done is None:

@@ -267,11 +267,50 @@ def paging_search(results_dir: Path) -> str | None:
     return "\n".join(out) + "\n"
 
 
+def guest_cost(results_dir: Path) -> str | None:
+    """The shipped adapter over ADK, and each speed-up the host could give back over it."""
+    data = _load(results_dir / "guest_cost.json")
+    if not data or not data.get("rows"):
+        return None
+    by = {
+        (r["backend"], r["workload"], r["concurrency"], r["impl"]): r["ops_per_sec"]
+        for r in data["rows"]
+    }
+    out = [
+        "Throughput of the ADK adapter as shipped over ADK's `DatabaseSessionService`, and of "
+        "the same adapter with each speed-up given back by the application over the adapter "
+        "as shipped (above 1.0x is what that speed-up wins):",
+        "",
+        "| ADK call | tasks | Postgres: vs ADK | `pool_use_lifo` | GC off "
+        "| SQLite: vs ADK | `pool_use_lifo` | GC off | `secure_delete` off |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    concurrencies = sorted({r["concurrency"] for r in data["rows"]})
+    for w, name in ADK_CALLS.items():
+        for c in concurrencies:
+            cells = []
+            for b, variants in (
+                ("postgres", ("lifo", "gc-off")),
+                ("sqlite", ("lifo", "gc-off", "no-zeroing")),
+            ):
+                guest = by.get((b, w, c, "guest"))
+                cells.append(_times(guest, by.get((b, w, c, "google-adk"))))
+                cells += [_times(by.get((b, w, c, v)), guest) for v in variants]
+            out.append(f"| {name} | {c} | " + " | ".join(cells) + " |")
+    meta = data.get("meta", {})
+    out += [
+        "",
+        f"Run: {meta.get('when', '?')}, {meta.get('machine', '?')}: `{meta.get('command', '?')}`",
+    ]
+    return "\n".join(out) + "\n"
+
+
 SUMMARIES: dict[str, Callable[[Path], str | None]] = {
     "side-by-side": side_by_side,
     "scaling": scaling,
     "adk": adk,
     "adk-mysql": adk_mysql,
+    "guest-cost": guest_cost,
     "openai": openai,
     "paging-search": paging_search,
 }

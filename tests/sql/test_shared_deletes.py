@@ -28,8 +28,7 @@ async def blocked_on_a_lock(admin: Any, database: str, task: asyncio.Task[Any]) 
     for _ in range(1000):
         assert not task.done(), task
         waiting = await admin.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 "
-            "AND wait_event_type = 'Lock'",
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'",
             database,
         )
         if waiting:

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import make_url
@@ -132,60 +131,6 @@ async def test_a_write_that_keeps_waiting_for_a_lock_fails_typed_and_writes_noth
         await waiting.dispose()
     assert await store.list_events("org", session.id) == []
     assert (await store.get("org", session.id)).version == 1
-
-
-async def blocked_on_a_lock(admin: Any, database: str, task: asyncio.Task[Any]) -> None:
-    """Return once a connection to ``database`` is in a write of ``ds_user_state`` (which
-    waits for the row held)."""
-    async with admin.cursor() as cursor:
-        for _ in range(1000):
-            assert not task.done(), task
-            await cursor.execute(
-                "SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = %s "
-                "AND COMMAND = 'Query' AND INFO LIKE 'INSERT INTO ds_user_state%%'",
-                (database,),
-            )
-            if (await cursor.fetchone())[0]:
-                return
-            await asyncio.sleep(0.01)
-    raise AssertionError("no connection waited for the held row")
-
-
-async def test_a_shared_key_gone_when_a_save_checks_it_is_not_deleted_once_set_again(
-    migrated_mysql_url: str, mysql_engine: AsyncEngine
-) -> None:
-    # A copy that read app:k = "v0" deletes it, after another copy deleted it already. Its
-    # save finds the key gone (no conflict), then waits on user:gate, which another
-    # connection holds (a save writes user: keys before app: keys); meanwhile a third copy
-    # sets app:k = "v3". Once the save goes on, its delete must not remove "v3", a value it
-    # never read.
-    manager = Manager(SQLStore(mysql_engine), app_name="app")
-    await manager.create("org", "ada", id="s0", state={"app:k": "v0", "user:gate": 0})
-    reader = await manager.create("org", "ada", id="s1")
-    deleter = await manager.create("org", "ada", id="s2")
-    setter = await manager.create("org", "ada", id="s3")
-    deleter.delete("app:k")
-    await manager.save(deleter)
-    reader.delete("app:k")
-    reader.set("user:gate", 1)
-    async with (
-        raw_mysql(migrated_mysql_url) as holder,
-        raw_mysql(migrated_mysql_url) as admin,
-        holder.cursor() as cursor,
-    ):
-        await holder.begin()
-        await cursor.execute(
-            "SELECT 1 FROM ds_user_state WHERE org_id = 'org' AND `key` = 'gate' FOR UPDATE"
-        )
-        saving = asyncio.create_task(manager.save(reader))
-        await blocked_on_a_lock(admin, make_url(migrated_mysql_url).database or "", saving)
-        setter.set("app:k", "v3")
-        await manager.save(setter)
-        await holder.rollback()
-        await saving
-    state = (await manager.get("org", "s0")).state
-    assert state["app:k"] == "v3"
-    assert state["user:gate"] == 1
 
 
 @pytest.mark.parametrize("watched", [False, True])

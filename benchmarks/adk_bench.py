@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,76 @@ FLOORED = ("delete",)
 session row (its events by ``ON DELETE CASCADE``), one statement committed on its own."""
 
 
+def _whole_round(impl: Implementation) -> AbstractContextManager[object]:
+    return contextlib.nullcontext()
+
+
+async def best_of_rounds(
+    impls: list[Implementation],
+    labels: list[str],
+    backend: str,
+    args: argparse.Namespace,
+    summary: Callable[[dict[str, Measurement]], str],
+    *,
+    timed: Callable[[Implementation, str], bool] = lambda impl, workload: True,
+    around: Callable[[Implementation], AbstractContextManager[object]] = _whole_round,
+    create_rate: dict[tuple[str, int], float] | None = None,
+) -> list[dict[str, Any]]:
+    """Measure implementations side by side: each on a fresh database of ``backend`` (named
+    by its label), every workload of ``args.workloads`` at every ``args.concurrency``
+    ``args.rounds`` times, the order alternating from round to round, each keeping its best
+    round; print each measurement and, per (workload, concurrency), ``summary`` of the best.
+
+    Args:
+        timed: Whether an implementation runs a workload (the others skip it).
+        around: What each of an implementation's measurements runs inside.
+        create_rate: Delete supplies of implementations that time no create, by (name,
+            concurrency).
+    """
+    tmpdir = new_tmpdir()
+    dbs = [Database(backend, label, tmpdir) for label in labels]
+    opened: list[Implementation] = []
+    rows: list[dict[str, Any]] = []
+    create_rate = dict(create_rate or {})
+    try:
+        for impl, db in zip(impls, dbs, strict=True):
+            impl.pool_size = args.pool_size
+            await db.create()
+            await impl.open(db.url)
+            opened.append(impl)
+        for workload in args.workloads:
+            for concurrency in args.concurrency:
+                best: dict[str, Measurement] = {}
+                chosen = [i for i in impls if timed(i, workload)]
+                for round_ in range(args.rounds):
+                    for impl in chosen if round_ % 2 == 0 else chosen[::-1]:
+                        with around(impl):
+                            m = await _one(
+                                impl, backend, workload, concurrency, args.duration, create_rate
+                            )
+                        if workload == "create" and m.ops_per_sec:
+                            create_rate[(impl.name, concurrency)] = m.ops_per_sec
+                        print(_line(m), flush=True)
+                        keep_best(best, m)
+                rows += [asdict(m) for m in best.values()]
+                print(f"    best of {args.rounds}: {summary(best)}", flush=True)
+    finally:
+        for impl in opened:
+            await impl.close()
+        for db in dbs:
+            await db.drop()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return rows
+
+
+def _adapter_over_adk(best: dict[str, Measurement]) -> str:
+    adk, ours = best["google-adk"].ops_per_sec, best["adk-adapter"].ops_per_sec
+    floor = best["floor"].ops_per_sec if "floor" in best else 0.0
+    return f"adapter/ADK {ours / adk if adk else 0:.2f}x" + (
+        f"  floor/ADK {floor / adk if adk else 0:.2f}x" if floor else ""
+    )
+
+
 async def run(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     from .impl_adk import Adk
     from .impl_adk_adapter import AdkAdapter
@@ -69,48 +142,18 @@ async def run(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     if any(w in FLOORED for w in args.workloads):
         impls.append(make_floor(backend))
         labels.append("floor")
-    tmpdir = new_tmpdir()
-    dbs = [Database(backend, label, tmpdir) for label in labels]
-    opened: list[Implementation] = []
-    rows: list[dict[str, Any]] = []
-    create_rate: dict[tuple[str, int], float] = {}
-    try:
-        for impl, db in zip(impls, dbs, strict=True):
-            impl.pool_size = args.pool_size
-            impl.pool_lifo = args.pool_lifo
-            await db.create()
-            await impl.open(db.url)
-            opened.append(impl)
-        for workload in args.workloads:
-            for concurrency in args.concurrency:
-                best: dict[str, Measurement] = {}
-                timed = [i for i in impls if i.name != "floor" or workload in FLOORED]
-                # The floor times no create: its delete supply is the most a run may take.
-                create_rate.setdefault(("floor", concurrency), float(MAX_DELETE_SUPPLY))
-                for round_ in range(args.rounds):
-                    order = timed if round_ % 2 == 0 else timed[::-1]
-                    for impl in order:
-                        m = await _one(
-                            impl, backend, workload, concurrency, args.duration, create_rate
-                        )
-                        if workload == "create" and m.ops_per_sec:
-                            create_rate[(impl.name, concurrency)] = m.ops_per_sec
-                        print(_line(m), flush=True)
-                        keep_best(best, m)
-                rows += [asdict(m) for m in best.values()]
-                adk, ours = best["google-adk"].ops_per_sec, best["adk-adapter"].ops_per_sec
-                floor = best["floor"].ops_per_sec if "floor" in best else 0.0
-                print(
-                    f"    best of {args.rounds}: adapter/ADK {ours / adk if adk else 0:.2f}x"
-                    + (f"  floor/ADK {floor / adk if adk else 0:.2f}x" if floor else "")
-                )
-    finally:
-        for impl in opened:
-            await impl.close()
-        for db in dbs:
-            await db.drop()
-        shutil.rmtree(tmpdir, ignore_errors=True)
-    return rows
+    for impl in impls:
+        impl.pool_lifo = args.pool_lifo
+    return await best_of_rounds(
+        impls,
+        labels,
+        backend,
+        args,
+        _adapter_over_adk,
+        timed=lambda impl, workload: impl.name != "floor" or workload in FLOORED,
+        # The floor times no create: its delete supply is the most a run may take.
+        create_rate={("floor", c): float(MAX_DELETE_SUPPLY) for c in args.concurrency},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

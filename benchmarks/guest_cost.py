@@ -28,29 +28,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
-import shutil
 import sys
-from dataclasses import asdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
 
-from .common import (
-    BACKENDS,
-    WORKLOADS,
-    Database,
-    Measurement,
-    ints,
-    keep_best,
-    new_tmpdir,
-    run_meta,
-)
+from .adk_bench import best_of_rounds
+from .common import BACKENDS, WORKLOADS, Measurement, ints, run_meta
 from .impl_adk import Adk
 from .impl_adk_adapter import AdkAdapter
-from .runner import _line, _one
+from .workloads import Implementation
 
 QUICK_ARGS = ["--duration", "0.3", "--concurrency", "1", "--rounds", "1", "--only", "get,delete"]
 
@@ -85,51 +77,31 @@ class Variant(AdkAdapter):
                 event.listen(engine.sync_engine, "connect", _secure_delete_off)
 
 
+@contextlib.contextmanager
+def _collector(impl: Implementation) -> Iterator[None]:
+    """The garbage collector off while the ``gc-off`` variant is measured."""
+    if impl.name != "gc-off":
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 async def run(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     names = [n for n in VARIANTS if n != "no-zeroing" or backend == "sqlite"]
-    impls: list[Adk] = [Adk(), *(Variant(n) for n in names)]
-    tmpdir = new_tmpdir()
-    dbs = [Database(backend, impl.name, tmpdir) for impl in impls]
-    opened: list[Adk] = []
-    rows: list[dict[str, Any]] = []
-    create_rate: dict[tuple[str, int], float] = {}
-    try:
-        for impl, db in zip(impls, dbs, strict=True):
-            impl.pool_size = args.pool_size
-            await db.create()
-            await impl.open(db.url)
-            opened.append(impl)
-        for workload in args.workloads:
-            for concurrency in args.concurrency:
-                best: dict[str, Measurement] = {}
-                for round_ in range(args.rounds):
-                    for impl in impls if round_ % 2 == 0 else impls[::-1]:
-                        if impl.name == "gc-off":
-                            gc.disable()
-                        try:
-                            m = await _one(
-                                impl, backend, workload, concurrency, args.duration, create_rate
-                            )
-                        finally:
-                            gc.enable()
-                        if workload == "create" and m.ops_per_sec:
-                            create_rate[(impl.name, concurrency)] = m.ops_per_sec
-                        print(_line(m), flush=True)
-                        keep_best(best, m)
-                rows += [asdict(m) for m in best.values()]
-                guest = best["guest"].ops_per_sec
-                print(
-                    "    best: guest/ADK "
-                    f"{guest / best['google-adk'].ops_per_sec:.2f}x; "
-                    + ", ".join(f"{n} {best[n].ops_per_sec / guest:.2f}x guest" for n in names[1:])
-                )
-    finally:
-        for impl in opened:
-            await impl.close()
-        for db in dbs:
-            await db.drop()
-        shutil.rmtree(tmpdir, ignore_errors=True)
-    return rows
+    impls: list[Implementation] = [Adk(), *(Variant(n) for n in names)]
+
+    def over_guest(best: dict[str, Measurement]) -> str:
+        guest = best["guest"].ops_per_sec
+        return f"guest/ADK {guest / best['google-adk'].ops_per_sec:.2f}x; " + ", ".join(
+            f"{n} {best[n].ops_per_sec / guest:.2f}x guest" for n in names[1:]
+        )
+
+    labels = [impl.name for impl in impls]
+    return await best_of_rounds(impls, labels, backend, args, over_guest, around=_collector)
 
 
 def render(data: dict[str, Any]) -> str:

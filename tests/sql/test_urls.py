@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy import make_url
+from sqlalchemy import make_url, text
 
 from durable_sessions import InvalidArgumentError, Manager, SQLStore
 from durable_sessions.cli import main
@@ -77,6 +77,26 @@ async def test_from_url_takes_a_plain_postgres_url(fresh_pg_url: Callable[[], st
         assert store.engine.dialect.driver == "asyncpg"
         await store.migrate()
         assert (await Manager(store).create("acme", "ada")).user_id == "ada"
+    finally:
+        await store.close()
+
+
+@pytest.mark.postgres
+async def test_from_url_passes_engine_options_such_as_the_pool_order(
+    fresh_pg_url: Callable[[], str],
+) -> None:
+    # pool_use_lifo=True (the performance page's advice): the connection returned last is
+    # lent first. The pool's own order would lend the one returned first.
+    store = SQLStore.from_url(fresh_pg_url(), pool_use_lifo=True)
+    pid = text("SELECT pg_backend_pid()")
+    try:
+        async with store.engine.connect() as first:
+            async with store.engine.connect() as second:
+                returned_first = await second.scalar(pid)
+            returned_last = await first.scalar(pid)
+        assert returned_first != returned_last
+        async with store.engine.connect() as again:
+            assert await again.scalar(pid) == returned_last
     finally:
         await store.close()
 

@@ -27,7 +27,7 @@ from .dialect import DialectOps
 from .programs import Job, event_from_row, session_from_row, shared_items
 from .runner import Program, Query
 from .schema import events
-from .stepwise import StepwiseStatements, bound_row
+from .stepwise import StepwiseStatements, bound_row, fork_row
 
 __all__ = ["ForkStatements", "sealed_fork", "sealed_fork_statements"]
 
@@ -90,7 +90,7 @@ def _fork(
 ) -> Program[Session]:
     q = statements.q
     org_id, parent_id, child_id = params["k_org"], params["k_id"], params["k_child"]
-    with_events, now = params["v_with_events"], params["v_now"]
+    with_events = params["v_with_events"]
     parent = (yield Query(q.parent, {"k_org": org_id, "k_id": parent_id})).first()
     if parent is None:
         raise SessionNotFoundError(org_id, parent_id)
@@ -104,15 +104,8 @@ def _fork(
     sealed_private = Envelope.seal_private(
         current, org_id, child_id, fork_state(private, parent_id)
     )
-    row = {
-        "org_id": org_id, "id": child_id, "user_id": parent.user_id,
-        "app_name": parent.app_name, "title": Envelope.seal_title(current, org_id, child_id, title),
-        "state": sealed_private, "parent_id": parent_id, "created_at": now, "updated_at": now,
-        "message_count": parent.message_count if with_events else 0,
-        "token_total": parent.token_total if with_events else 0,
-        "event_seq": parent.event_seq if with_events else 0, "version": 1,
-        "incarnation": params["v_child_incarnation"],
-    }  # fmt: skip
+    sealed_title = Envelope.seal_title(current, org_id, child_id, title)
+    row = fork_row(params, parent, sealed_title, sealed_private)
     if (yield Query(q.insert_session, {**row, "k_org": org_id})).first() is None:
         raise SessionExistsError(org_id, child_id)
     if with_events:

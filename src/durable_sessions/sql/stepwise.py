@@ -43,7 +43,23 @@ from .statements import (
     Statements,
 )
 
-__all__ = ["StepwisePrograms", "StepwiseStatements", "bound_row"]
+__all__ = ["StepwisePrograms", "StepwiseStatements", "bound_row", "fork_row"]
+
+
+def fork_row(params: dict[str, Any], parent: Any, title: str, state: Any) -> dict[str, Any]:
+    """The row of a fork's child written step by step (distributed mode, MySQL, an encrypted
+    store): the parent's owner, and its counters when the transcript comes along; ``title``
+    and the private ``state`` as the caller stores them (sealed or not)."""
+    with_events, now = params["v_with_events"], params["v_now"]
+    return {
+        "org_id": params["k_org"], "id": params["k_child"], "user_id": parent.user_id,
+        "app_name": parent.app_name, "title": title, "state": state,
+        "parent_id": params["k_id"], "created_at": now, "updated_at": now,
+        "message_count": parent.message_count if with_events else 0,
+        "token_total": parent.token_total if with_events else 0,
+        "event_seq": parent.event_seq if with_events else 0, "version": 1,
+        "incarnation": params["v_child_incarnation"],
+    }  # fmt: skip
 
 
 def bound_row(table: Any) -> dict[str, Any]:
@@ -252,20 +268,12 @@ class StepwisePrograms(Programs):
     def _fork(self, params: dict[str, Any]) -> Program[Session]:
         q = self.q
         org_id, parent_id, child_id = params["k_org"], params["k_id"], params["k_child"]
-        with_events, now = params["v_with_events"], params["v_now"]
+        with_events = params["v_with_events"]
         parent = (yield Query(q.parent, {"k_org": org_id, "k_id": parent_id})).first()
         if parent is None:
             raise SessionNotFoundError(org_id, parent_id)
         private = fork_state(parent.state, parent_id)
-        row = {
-            "org_id": org_id, "id": child_id, "user_id": parent.user_id,
-            "app_name": parent.app_name, "title": parent.title, "state": private,
-            "parent_id": parent_id, "created_at": now, "updated_at": now,
-            "message_count": parent.message_count if with_events else 0,
-            "token_total": parent.token_total if with_events else 0,
-            "event_seq": parent.event_seq if with_events else 0, "version": 1,
-            "incarnation": params["v_child_incarnation"],
-        }  # fmt: skip
+        row = fork_row(params, parent, parent.title, private)
         if (yield Query(q.insert_session, {**row, "k_org": org_id})).first() is None:
             raise SessionExistsError(org_id, child_id)
         if with_events:

@@ -66,7 +66,7 @@ from ...statements import (
     S,
     Statements,
 )
-from ...stepwise import bound_row, write_shared
+from ...stepwise import bound_row, fork_row, write_shared
 from ...translate import mysql_errno
 
 __all__ = ["ATTEMPTS", "WORDS", "MySQLPrograms", "MySQLStatements", "retried"]
@@ -453,20 +453,12 @@ class MySQLPrograms(Programs):
     def _fork(self, params: dict[str, Any]) -> Program[Session]:
         q = self.q
         org_id, parent_id, child_id = params["k_org"], params["k_id"], params["k_child"]
-        with_events, now = params["v_with_events"], params["v_now"]
+        with_events = params["v_with_events"]
         parent = (yield Query(q.lock_row, {"k_org": org_id, "k_id": parent_id})).first()
         if parent is None:
             raise SessionNotFoundError(org_id, parent_id)
         private = fork_state(parent.state, parent_id)
-        row = {
-            "org_id": org_id, "id": child_id, "user_id": parent.user_id,
-            "app_name": parent.app_name, "title": parent.title, "state": private,
-            "parent_id": parent_id, "created_at": now, "updated_at": now,
-            "message_count": parent.message_count if with_events else 0,
-            "token_total": parent.token_total if with_events else 0,
-            "event_seq": parent.event_seq if with_events else 0, "version": 1,
-            "incarnation": params["v_child_incarnation"],
-        }  # fmt: skip
+        row = fork_row(params, parent, parent.title, private)
         try:
             yield Query(q.insert_session, {**row, "k_org": org_id})
         except Exception as exc:

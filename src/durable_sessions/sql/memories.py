@@ -14,8 +14,11 @@ first, so that concurrent writes of one user's memories run one after the other)
 is two statements: the counts of the query's terms (primary-key lookups; the weights,
 computed here by ``memories.weight``); then the memories holding the rarest terms (or any
 term, see ``search_program``), each scored by the sum of the weights of the terms it holds,
-best first. Every statement is filtered on ``org_id = :k_org`` (one shard on
-Citus) and writes are single-table statements.
+best first. When every memory holding a term is ranked (a query without a rare enough
+term, such as a long message), SQLite and Postgres score the memories term by term from the
+index instead (``MemoryStatements.ranked_all``; distributed mode keeps the one form). Every
+statement is filtered on ``org_id = :k_org`` (one shard on Citus) and writes are
+single-table statements.
 """
 
 from __future__ import annotations
@@ -244,6 +247,16 @@ class MemoryStatements:
             return self._shape("ranked", self._mysql_ranked)
         return self._shape("ranked", self._pg_ranked if self.postgres else self._sqlite_ranked)
 
+    @property
+    def ranked_all(self) -> Compiled:
+        """SQLite and Postgres: the owner's memories holding any of the query's terms, best
+        first, at most ``k_limit``. Each term's memories come from the index (the owner's
+        token and the term) and a memory's score is the sum over the terms that found it, so
+        the work grows with the hits, not with the hits times the query's terms."""
+        return self._shape(
+            "ranked_all", self._pg_ranked_all if self.postgres else self._sqlite_ranked_all
+        )
+
     # -- MySQL ---------------------------------------------------------------------------------
     # No index of the terms: the owner's memories are a range of the primary key, and each
     # memory's terms are matched as whole space-separated items.
@@ -318,6 +331,33 @@ class MemoryStatements:
             .limit(bindparam("k_limit", type_=BigInteger))
         )
 
+    def _pg_ranked_all(self) -> Any:
+        # k_wterms, k_weights: the terms and their weights, in step.
+        names = ", ".join(f"m.{c.name}" for c in COLUMNS)
+        return (
+            text(
+                "WITH w(term, weight) AS (SELECT * FROM unnest(CAST(:k_wterms AS text[]), "
+                "CAST(:k_weights AS bigint[]))), "
+                "hits(id, score) AS (SELECT m.id, SUM(w.weight) FROM w JOIN ds_memories AS m "
+                "ON m.search_vector @@ (CAST(:k_token AS tsquery) "
+                "&& CAST(quote_literal(w.term) AS tsquery)) "
+                f"WHERE {self._OWNER_SQL} GROUP BY m.id), "
+                # The limit-th best score: only memories scoring as much are ordered further.
+                "least(score) AS (SELECT score FROM hits ORDER BY score DESC "
+                "LIMIT 1 OFFSET :k_limit - 1) "
+                f"SELECT {names}, hits.score AS score FROM hits JOIN ds_memories AS m "
+                f"ON {self._OWNER_SQL} AND m.id = hits.id "
+                "WHERE hits.score >= coalesce((SELECT score FROM least), 0) "
+                'ORDER BY score DESC, m.timestamp DESC, m.id COLLATE "C" DESC LIMIT :k_limit'
+            )
+            .bindparams(
+                bindparam("k_wterms", type_=ARRAY(Text)),
+                bindparam("k_weights", type_=ARRAY(BigInteger)),
+                bindparam("k_limit", type_=BigInteger),
+            )
+            .columns(*[column(c.name, c.type) for c in COLUMNS], column("score", BigInteger))
+        )
+
     # -- SQLite ------------------------------------------------------------------------------
 
     @staticmethod
@@ -364,6 +404,34 @@ class MemoryStatements:
             .where(match, owned, _owner())
             .order_by(literal_column("score").desc(), M.c.timestamp.desc(), M.c.id.desc())
             .limit(bindparam("k_limit", type_=BigInteger))
+        )
+
+    def _sqlite_ranked_all(self) -> Any:
+        # k_weights: a JSON object of each term and its weight.
+        names = ", ".join(f"m.{c.name}" for c in COLUMNS)
+        key = " AND ".join(f"m.{c} = k.{c}" for c in ("org_id", "app_name", "user_id", "id"))
+        return (
+            text(
+                "WITH hits(rid, score) AS (SELECT f.rowid, SUM(w.value) "
+                "FROM json_each(:k_weights) AS w JOIN ds_memories_fts AS f "
+                "ON f.ds_memories_fts MATCH ('\"' || :k_token || '\" AND \"' || w.key || '\"') "
+                "GROUP BY f.rowid), "
+                # The limit-th best score: only memories scoring as much are ordered further.
+                "least(score) AS (SELECT score FROM hits ORDER BY score DESC "
+                "LIMIT 1 OFFSET :k_limit - 1) "
+                f"SELECT {names}, hits.score AS score FROM hits "
+                "JOIN ds_memories_fts_rowid AS k ON k.rid = hits.rid "
+                f"JOIN ds_memories AS m ON {key} "
+                "WHERE hits.score >= coalesce((SELECT score FROM least), 0) "
+                "AND k.org_id = :k_org AND k.app_name = :k_app AND k.user_id = :k_user "
+                f"AND {self._OWNER_SQL} "
+                "ORDER BY score DESC, m.timestamp DESC, m.id DESC LIMIT :k_limit"
+            )
+            .bindparams(
+                bindparam("k_weights", type_=JSONValue),
+                bindparam("k_limit", type_=BigInteger),
+            )
+            .columns(*[column(c.name, c.type) for c in COLUMNS], column("score", BigInteger))
         )
 
 
@@ -542,9 +610,20 @@ def _ranked(
         chosen = set(matching)
         triples = [[t, w, int(t in chosen)] for t, w in weights.items()]
         params = {**owner, "k_weights": triples, "k_limit": limit}
-    elif q.postgres:
+        return (yield Query(q.ranked, params)).rows
+    wanted = list(weights)
+    if len(matching) == len(wanted) and not q.distributed:
+        # Every memory holding a term: scored term by term from the index.
+        params = {**owner, "k_token": token, "k_limit": limit}
+        if q.postgres:
+            params.update(
+                k_token=f"'{token}'", k_wterms=wanted, k_weights=[weights[t] for t in wanted]
+            )
+        else:
+            params["k_weights"] = weights
+        return (yield Query(q.ranked_all, params)).rows
+    if q.postgres:
         any_term = " | ".join(f"'{term}'" for term in matching)
-        wanted = list(weights)
         params = {
             **owner, "k_any": f"'{token}' & ({any_term})", "k_wterms": wanted,
             "k_weights": [weights[t] for t in wanted], "k_limit": limit,

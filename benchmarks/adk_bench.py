@@ -32,7 +32,6 @@ import contextlib
 import json
 import os
 import shutil
-import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import asdict
@@ -47,6 +46,7 @@ from .common import (
     WORKLOADS,
     Database,
     Measurement,
+    command_line,
     ints,
     keep_best,
     mysql_admin_url,
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mysql_url:
         os.environ[MYSQL_URL_ENV] = args.mysql_url  # read by common.Database
     results = empty_results()
-    command = "python -m benchmarks " + " ".join(sys.argv[1:])
+    command = command_line()
     for backend in BACKENDS if args.backend == "all" else [args.backend]:
         print(f"== {backend}: {', '.join(args.workloads)}", flush=True)
         results["side_by_side"] += asyncio.run(run(backend, args))

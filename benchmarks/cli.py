@@ -10,11 +10,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
-from .common import BACKENDS, WORKLOADS, ints, new_tmpdir, run_meta
+from .common import BACKENDS, WORKLOADS, command_line, ints, new_tmpdir, run_meta
 from .report import load_results, save_results
 
 SQLITE_MAX_SESSIONS = 100_000
@@ -94,7 +93,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     results = load_results(args.out)
     tmpdir = new_tmpdir()
-    command = "python -m benchmarks " + " ".join(sys.argv[1:])
+    command = command_line()
     try:
         for backend in args.backends:
             if not args.scaling_only:

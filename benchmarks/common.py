@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -482,6 +483,16 @@ MYSQL = "mysql"
 def ints(text: str) -> list[int]:
     """Parse a comma-separated list of integers (``1_000,10_000``)."""
     return [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+
+
+def command_line() -> str:
+    """The command that ran this process, as typed: ``python -m benchmarks run NAME ...``
+    through the suite runner, ``python -m benchmarks.MODULE ...`` for a module run alone."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = spec.name if spec is not None else "benchmarks"
+    if name.endswith(".__main__"):
+        name = name[: -len(".__main__")]
+    return " ".join(["python -m", name, *sys.argv[1:]])
 
 
 def run_meta(args: Any, command: str) -> dict[str, Any]:

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from .common import (
     WORKLOADS,
     Counters,
     Database,
+    command_line,
     measure,
     new_tmpdir,
     opened,
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     concurrencies = [int(c) for c in args.concurrency.split(",") if c]
     print(f"started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", flush=True)
     rows = asyncio.run(run(workloads, concurrencies, args.duration, args.rounds))
-    meta = run_meta(args, "python -m benchmarks " + " ".join(sys.argv[1:]))
+    meta = run_meta(args, command_line())
     args.out.mkdir(parents=True, exist_ok=True)
     data = {"meta": meta, "rows": rows}
     (args.out / "distributed.json").write_text(json.dumps(data, indent=1, default=str) + "\n")

@@ -24,7 +24,6 @@ import asyncio
 import json
 import shutil
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -34,7 +33,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from durable_sessions import Event, Manager, SQLStore
 
-from .common import Database, new_tmpdir, run_meta
+from .common import Database, command_line, new_tmpdir, run_meta
 
 OPERATIONS = ("get", "load", "append", "save", "search")
 TEXT = "the customer asked about the refund for order {n} and the delivery date in march"
@@ -147,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmpdir, ignore_errors=True)
     lines = summarize(found)
     print("\n".join(lines))
-    meta = run_meta(args, "python -m benchmarks " + " ".join(sys.argv[1:]))
+    meta = run_meta(args, command_line())
     args.out.mkdir(parents=True, exist_ok=True)
     name = f"encryption_{args.backend}"
     data = {"meta": meta, "backend": args.backend, "rounds": found}

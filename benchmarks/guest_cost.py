@@ -39,7 +39,7 @@ from typing import Any
 from sqlalchemy import event
 
 from .adk_bench import best_of_rounds
-from .common import BACKENDS, WORKLOADS, Measurement, ints, run_meta
+from .common import BACKENDS, WORKLOADS, Measurement, command_line, ints, run_meta
 from .impl_adk import Adk
 from .impl_adk_adapter import AdkAdapter
 from .workloads import Implementation
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for backend in backends:
         rows += asyncio.run(run(backend, args))
-    meta = run_meta(args, "python -m benchmarks run guest-cost " + " ".join(argv or []))
+    meta = run_meta(args, command_line())
     meta.update(rounds=args.rounds, duration=args.duration)
     data = {"meta": meta, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,6 @@ import io
 import json
 import shutil
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +31,7 @@ from durable_sessions import SQLStore
 from durable_sessions.sql import loader
 from durable_sessions.sql.transfer import dumps, import_jsonl
 
-from .common import Database, migrate_schema, new_tmpdir, run_meta
+from .common import Database, command_line, migrate_schema, new_tmpdir, run_meta
 
 TABLES = "ds_sessions, ds_events, ds_user_state, ds_app_state"
 
@@ -158,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmpdir, ignore_errors=True)
     lines = summarize(results, args.events)
     print("\n".join(lines))
-    meta = run_meta(args, "python -m benchmarks " + " ".join(sys.argv[1:]))
+    meta = run_meta(args, command_line())
     args.out.mkdir(parents=True, exist_ok=True)
     data_out = {"meta": meta, "events": args.events, "results": results}
     (args.out / "import_analyze.json").write_text(json.dumps(data_out, indent=1) + "\n")

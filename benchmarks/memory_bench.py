@@ -47,7 +47,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from durable_sessions import SQLStore
 from durable_sessions.memories import stored_terms
 
-from .common import Database, migrate_schema, new_tmpdir, raw_pg_dsn, run_meta
+from .common import Database, command_line, migrate_schema, new_tmpdir, raw_pg_dsn, run_meta
 from .memory_corpus import ANSWERS, CORPUS, QUESTIONS
 
 ORG = "bench"
@@ -364,7 +364,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         if "adk_sqlite" in adk:
             services["ADK SqliteMemoryService"] = adk["adk_sqlite"]
     return {
-        "meta": run_meta(args, "python -m benchmarks.memory_bench " + " ".join(sys.argv[1:])),
+        "meta": run_meta(args, command_line()),
         "org_memories": args.org_memories,
         "user_memories": args.user_memories,
         "queries": args.queries,

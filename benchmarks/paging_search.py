@@ -31,7 +31,6 @@ import platform
 import random
 import sqlite3
 import statistics
-import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -44,7 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from durable_sessions import Event, Filter, Manager, SQLStore
 from durable_sessions.sql.migrate import upgrade
 
-from .common import Database, new_tmpdir, raw_pg_dsn, run_meta
+from .common import Database, command_line, new_tmpdir, raw_pg_dsn, run_meta
 
 ORG = "bench"
 OTHER_ORG = "bench-other"
@@ -414,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = asyncio.run(run(args))
     machine = {"python": platform.python_version(), "cpus": os.cpu_count()}
-    meta = run_meta(args, "python -m benchmarks " + " ".join(sys.argv[1:]))
+    meta = run_meta(args, command_line())
     args.out.mkdir(parents=True, exist_ok=True)
     data = {"machine": machine, "meta": meta, "rows": rows}
     (args.out / "paging_search.json").write_text(json.dumps(data, indent=1) + "\n")

@@ -109,6 +109,22 @@ def _quote(term: str) -> str:
     return f'"{term}"'
 
 
+_NAMES = ", ".join(f"m.{c.name}" for c in COLUMNS)
+"""The memory columns of the alias ``m``, in ``COLUMNS``' order (text statements)."""
+_LEAST = "least(score) AS (SELECT score FROM hits ORDER BY score DESC LIMIT 1 OFFSET :k_limit - 1) "
+"""The ``limit``-th best score of the scored ``hits``: only the memories scoring as much are
+joined and ordered further."""
+
+
+def _scored(sql: str, *binds: Any) -> Any:
+    """A text statement returning the memory columns and ``score``, ``k_limit`` bound."""
+    return (
+        text(sql)
+        .bindparams(*binds, bindparam("k_limit", type_=BigInteger))
+        .columns(*[column(c.name, c.type) for c in COLUMNS], column("score", BigInteger))
+    )
+
+
 class MemoryStatements:
     """The memory statements of one store's dialect, compiled once each (by its
     ``Statements``' ``shape`` cache)."""
@@ -268,23 +284,16 @@ class MemoryStatements:
     def _mysql_ranked(self) -> Any:
         # k_weights: a JSON array of [term, weight, matching] triples; a memory is ranked
         # when it holds a term whose ``matching`` is 1, scored by every term it holds.
-        names = ", ".join(f"m.{c.name}" for c in COLUMNS)
         weights = (
             f"JSON_TABLE(:k_weights, '$[*]' COLUMNS ({self._TERM} PATH '$[0]', "
             "weight BIGINT PATH '$[1]', matching INT PATH '$[2]')) AS w"
         )
-        return (
-            text(
-                f"SELECT {names}, SUM(w.weight) AS score FROM ds_memories AS m "
-                f"JOIN {weights} ON {self._HOLDS.format('w')} WHERE {self._OWNER_SQL} "
-                "GROUP BY m.org_id, m.app_name, m.user_id, m.id HAVING MAX(w.matching) > 0 "
-                "ORDER BY score DESC, m.timestamp DESC, m.id DESC LIMIT :k_limit"
-            )
-            .bindparams(
-                bindparam("k_weights", type_=JSONValue),
-                bindparam("k_limit", type_=BigInteger),
-            )
-            .columns(*[column(c.name, c.type) for c in COLUMNS], column("score", BigInteger))
+        return _scored(
+            f"SELECT {_NAMES}, SUM(w.weight) AS score FROM ds_memories AS m "
+            f"JOIN {weights} ON {self._HOLDS.format('w')} WHERE {self._OWNER_SQL} "
+            "GROUP BY m.org_id, m.app_name, m.user_id, m.id HAVING MAX(w.matching) > 0 "
+            "ORDER BY score DESC, m.timestamp DESC, m.id DESC LIMIT :k_limit",
+            bindparam("k_weights", type_=JSONValue),
         )
 
     # -- Postgres ----------------------------------------------------------------------------
@@ -332,30 +341,21 @@ class MemoryStatements:
         )
 
     def _pg_ranked_all(self) -> Any:
-        # k_wterms, k_weights: the terms and their weights, in step.
-        names = ", ".join(f"m.{c.name}" for c in COLUMNS)
-        return (
-            text(
-                "WITH w(term, weight) AS (SELECT * FROM unnest(CAST(:k_wterms AS text[]), "
-                "CAST(:k_weights AS bigint[]))), "
-                "hits(id, score) AS (SELECT m.id, SUM(w.weight) FROM w JOIN ds_memories AS m "
-                "ON m.search_vector @@ (CAST(:k_token AS tsquery) "
-                "&& CAST(quote_literal(w.term) AS tsquery)) "
-                f"WHERE {self._OWNER_SQL} GROUP BY m.id), "
-                # The limit-th best score: only memories scoring as much are ordered further.
-                "least(score) AS (SELECT score FROM hits ORDER BY score DESC "
-                "LIMIT 1 OFFSET :k_limit - 1) "
-                f"SELECT {names}, hits.score AS score FROM hits JOIN ds_memories AS m "
-                f"ON {self._OWNER_SQL} AND m.id = hits.id "
-                "WHERE hits.score >= coalesce((SELECT score FROM least), 0) "
-                'ORDER BY score DESC, m.timestamp DESC, m.id COLLATE "C" DESC LIMIT :k_limit'
-            )
-            .bindparams(
-                bindparam("k_wterms", type_=ARRAY(Text)),
-                bindparam("k_weights", type_=ARRAY(BigInteger)),
-                bindparam("k_limit", type_=BigInteger),
-            )
-            .columns(*[column(c.name, c.type) for c in COLUMNS], column("score", BigInteger))
+        # k_token: the owner's token as a tsquery; k_wterms, k_weights: the terms and their
+        # weights, in step.
+        return _scored(
+            "WITH w(term, weight) AS (SELECT * FROM unnest(CAST(:k_wterms AS text[]), "
+            "CAST(:k_weights AS bigint[]))), "
+            "hits(id, score) AS (SELECT m.id, SUM(w.weight) FROM w JOIN ds_memories AS m "
+            "ON m.search_vector @@ (CAST(:k_token AS tsquery) "
+            "&& CAST(quote_literal(w.term) AS tsquery)) "
+            f"WHERE {self._OWNER_SQL} GROUP BY m.id), {_LEAST}"
+            f"SELECT {_NAMES}, hits.score AS score FROM hits JOIN ds_memories AS m "
+            f"ON {self._OWNER_SQL} AND m.id = hits.id "
+            "WHERE hits.score >= coalesce((SELECT score FROM least), 0) "
+            'ORDER BY score DESC, m.timestamp DESC, m.id COLLATE "C" DESC LIMIT :k_limit',
+            bindparam("k_wterms", type_=ARRAY(Text)),
+            bindparam("k_weights", type_=ARRAY(BigInteger)),
         )
 
     # -- SQLite ------------------------------------------------------------------------------
@@ -407,31 +407,22 @@ class MemoryStatements:
         )
 
     def _sqlite_ranked_all(self) -> Any:
-        # k_weights: a JSON object of each term and its weight.
-        names = ", ".join(f"m.{c.name}" for c in COLUMNS)
+        # k_token: the owner's token, quoted; k_weights: a JSON object of each term and its
+        # weight.
         key = " AND ".join(f"m.{c} = k.{c}" for c in ("org_id", "app_name", "user_id", "id"))
-        return (
-            text(
-                "WITH hits(rid, score) AS (SELECT f.rowid, SUM(w.value) "
-                "FROM json_each(:k_weights) AS w JOIN ds_memories_fts AS f "
-                "ON f.ds_memories_fts MATCH ('\"' || :k_token || '\" AND \"' || w.key || '\"') "
-                "GROUP BY f.rowid), "
-                # The limit-th best score: only memories scoring as much are ordered further.
-                "least(score) AS (SELECT score FROM hits ORDER BY score DESC "
-                "LIMIT 1 OFFSET :k_limit - 1) "
-                f"SELECT {names}, hits.score AS score FROM hits "
-                "JOIN ds_memories_fts_rowid AS k ON k.rid = hits.rid "
-                f"JOIN ds_memories AS m ON {key} "
-                "WHERE hits.score >= coalesce((SELECT score FROM least), 0) "
-                "AND k.org_id = :k_org AND k.app_name = :k_app AND k.user_id = :k_user "
-                f"AND {self._OWNER_SQL} "
-                "ORDER BY score DESC, m.timestamp DESC, m.id DESC LIMIT :k_limit"
-            )
-            .bindparams(
-                bindparam("k_weights", type_=JSONValue),
-                bindparam("k_limit", type_=BigInteger),
-            )
-            .columns(*[column(c.name, c.type) for c in COLUMNS], column("score", BigInteger))
+        return _scored(
+            "WITH hits(rid, score) AS (SELECT f.rowid, SUM(w.value) "
+            "FROM json_each(:k_weights) AS w JOIN ds_memories_fts AS f "
+            "ON f.ds_memories_fts MATCH (:k_token || ' AND \"' || w.key || '\"') "
+            f"GROUP BY f.rowid), {_LEAST}"
+            f"SELECT {_NAMES}, hits.score AS score FROM hits "
+            "JOIN ds_memories_fts_rowid AS k ON k.rid = hits.rid "
+            f"JOIN ds_memories AS m ON {key} "
+            "WHERE hits.score >= coalesce((SELECT score FROM least), 0) "
+            "AND k.org_id = :k_org AND k.app_name = :k_app AND k.user_id = :k_user "
+            f"AND {self._OWNER_SQL} "
+            "ORDER BY score DESC, m.timestamp DESC, m.id DESC LIMIT :k_limit",
+            bindparam("k_weights", type_=JSONValue),
         )
 
 
@@ -614,13 +605,13 @@ def _ranked(
     wanted = list(weights)
     if len(matching) == len(wanted) and not q.distributed:
         # Every memory holding a term: scored term by term from the index.
-        params = {**owner, "k_token": token, "k_limit": limit}
         if q.postgres:
-            params.update(
-                k_token=f"'{token}'", k_wterms=wanted, k_weights=[weights[t] for t in wanted]
-            )
+            params = {
+                **owner, "k_token": f"'{token}'", "k_wterms": wanted,
+                "k_weights": [weights[t] for t in wanted], "k_limit": limit,
+            }  # fmt: skip
         else:
-            params["k_weights"] = weights
+            params = {**owner, "k_token": _quote(token), "k_weights": weights, "k_limit": limit}
         return (yield Query(q.ranked_all, params)).rows
     if q.postgres:
         any_term = " | ".join(f"'{term}'" for term in matching)

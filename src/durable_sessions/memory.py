@@ -203,7 +203,7 @@ class InMemoryStore:
         """Copies of events (already copied by the caller), opened."""
         if self._env is None:
             return events
-        return [await self._env.open_event(org_id, session_id, event) for event in events]
+        return await self._env.open_events(org_id, session_id, events)
 
     async def _keys(
         self, org_id: str, user_id: str, app_name: str, with_app: bool
@@ -977,7 +977,7 @@ class InMemoryStore:
         index = await env.sealer.index_key(org_id)
         blind = [index.term(term) for term in terms]
         found = self._memories.search((org_id, app_name, user_id), blind, limit)
-        return [await env.open_memory(org_id, app_name, user_id, m) for m in found]
+        return await env.open_memories(org_id, app_name, user_id, found)
 
     async def delete_memories(
         self, org_id: str, app_name: str, user_id: str, *, memory_id: str | None = None

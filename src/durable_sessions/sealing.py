@@ -27,10 +27,10 @@ import functools
 import hmac
 import json
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from .crypto import Keyring  # without the crypto extra, its ImportError names the extra
 from .errors import DecryptionError, InvalidArgumentError
@@ -59,9 +59,11 @@ __all__ = [
     "USER",
     "DataKey",
     "Envelope",
+    "KeyNeeded",
     "KeyRecord",
     "KeyTable",
     "MemoryKeyTable",
+    "OpenedValues",
     "SealedEvent",
     "SealedMemory",
     "Sealer",
@@ -83,6 +85,7 @@ INDEX_KEY_ID = "index"
 an organisation's first index key insert one row (the first wins) and all hash with it."""
 
 _CACHE_LIMIT = 100_000
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -217,16 +220,87 @@ def _aad_part(part: str) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
+_CONTENT_AAD = row_aad("content")
+_DELTA_AAD = row_aad("delta")
+
+
 def _scope(org_id: str, kind: str, owner: str) -> str:
     return json.dumps([org_id, kind, owner], ensure_ascii=False, separators=(",", ":"))
 
 
+_MISS: Any = object()
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
+
+
+class OpenedValues:
+    """Values a store's data keys sealed or opened lately, by (data key, sealed text,
+    associated data).
+
+    An agent's turn reads back mostly what the last turn read or wrote; each of those values
+    is then decoded from its kept JSON text instead of decrypted again. Each entry is keyed
+    by the whole sealed text and the associated data naming its row, so an altered value, or
+    one moved to another row, is not found here and fails to decrypt as before; so is one
+    opened with another data key (another organisation's) than the one that kept it. Bounded: a
+    value over ``KEEP_VALUE_CHARS`` is not kept, and past ``KEEP_CHARS`` of kept text all is
+    dropped. ``Sealer.forget`` (``delete_user``) drops all.
+    """
+
+    KEEP_VALUE_CHARS = 16_384
+    """The longest JSON text of one value that is kept."""
+    KEEP_CHARS = 16 * 1024 * 1024
+    """How much sealed and JSON text is kept at most, in characters."""
+
+    __slots__ = ("_chars", "_entries")
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[DataKey, str, bytes], Any] = {}
+        self._chars = 0
+
+    def get(self, key: DataKey, token: str, aad: bytes) -> Any:
+        """The value ``key`` kept for ``token`` in the row ``aad`` names, or ``_MISS``."""
+        hit = self._entries.get((key, token, aad), _MISS)
+        return from_json(hit[0]) if type(hit) is tuple else hit
+
+    def keep(self, key: DataKey, token: str, aad: bytes, text: str, value: Any) -> None:
+        """Keep a value: ``value`` itself when it is a str, number, bool or None; its JSON
+        ``text`` otherwise (decoded afresh for each reader, who may change it)."""
+        if len(text) > self.KEEP_VALUE_CHARS:
+            return
+        if self._chars > self.KEEP_CHARS:
+            self.clear()
+        kept = value if type(value) in _IMMUTABLE else (text,)
+        self._entries[(key, token, aad)] = kept
+        self._chars += len(token) + len(text)
+
+    def clear(self) -> None:
+        """Drop every kept value."""
+        self._entries.clear()
+        self._chars = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class DataKey:
-    """An unwrapped data key: its cipher, its nonce key and (index keys) its hash key."""
+    """An unwrapped data key: its cipher, its nonce key and (index keys) its hash key.
 
-    __slots__ = ("_aead", "_nonce", "index", "key_id", "kind", "owner")
+    With ``opened`` (a store's ``OpenedValues``), the values it seals and opens are kept
+    there, and opening one kept is decoding its JSON text (or nothing, for a scalar).
+    """
 
-    def __init__(self, key_id: str, kind: str, owner: str, material: bytes) -> None:
+    __slots__ = ("_aead", "_nonce", "_opened", "_terms", "index", "key_id", "kind", "owner")
+
+    TERMS_KEPT = 65_536
+    """How many words' blind index terms an index key keeps computed (then starts again)."""
+
+    def __init__(
+        self,
+        key_id: str,
+        kind: str,
+        owner: str,
+        material: bytes,
+        opened: OpenedValues | None = None,
+    ) -> None:
         derived = HKDF(
             algorithm=hashes.SHA256(), length=96, salt=None, info=b"durable-sessions data key"
         ).derive(material)
@@ -235,17 +309,28 @@ class DataKey:
         self.owner = owner
         self._aead = AESGCM(derived[:32])
         self._nonce = derived[32:64]
+        self._opened = opened
+        self._terms: dict[str, str] = {}
         self.index = derived[64:]
 
     def seal(self, value: Any, aad: bytes) -> str:
         """Encrypt a JSON value for the row ``aad`` names."""
-        plain = to_json(value).encode("utf-8", "surrogatepass")
+        text = to_json(value)
+        plain = text.encode("utf-8", "surrogatepass")
         nonce = hmac.digest(self._nonce, aad + b"\x00" + plain, "sha256")[:12]
         sealed = nonce + self._aead.encrypt(nonce, plain, aad)
-        return f"{PREFIX}{self.key_id}:{binascii.b2a_base64(sealed, newline=False).decode()}"
+        token = f"{PREFIX}{self.key_id}:{binascii.b2a_base64(sealed, newline=False).decode()}"
+        if self._opened is not None:
+            self._opened.keep(self, token, aad, text, value)
+        return token
 
     def open(self, token: str, aad: bytes) -> Any:
         """Decrypt a value this key sealed for the row ``aad`` names."""
+        opened = self._opened
+        if opened is not None:
+            value = opened.get(self, token, aad)
+            if value is not _MISS:
+                return value
         try:
             raw = binascii.a2b_base64(token[len(PREFIX) + len(self.key_id) + 1 :])
             plain = self._aead.decrypt(raw[:12], raw[12:], aad)
@@ -254,21 +339,42 @@ class DataKey:
                 f"a stored value does not decrypt with data key {self.key_id!r}: it was "
                 "altered, or moved from another row"
             ) from None
-        return from_json(plain.decode("utf-8", "surrogatepass"))
+        text = plain.decode("utf-8", "surrogatepass")
+        value = from_json(text)
+        if opened is not None:
+            opened.keep(self, token, aad, text, value)
+        return value
 
     def blind(self, content: Any) -> str:
         """An event content's blind index text: the terms of its words, in order."""
         if content is None:
             return ""
-        return " ".join([self.term(word) for word in words(event_text(content))])
+        kept, term = self._terms, self.term
+        return " ".join([kept.get(word) or term(word) for word in words(event_text(content))])
 
     def term(self, word: str) -> str:
-        """A word's blind index term: 16 letters (a-p) of its keyed hash."""
+        """A word's blind index term: 16 letters (a-p) of its keyed hash (kept: words
+        recur, and each is hashed once while kept)."""
+        kept = self._terms.get(word)
+        if kept is not None:
+            return kept
         digest = hmac.digest(self.index, word.encode("utf-8", "surrogatepass"), "sha256")
-        return digest[:8].hex().translate(_LETTERS)
+        found = digest[:8].hex().translate(_LETTERS)
+        if len(self._terms) >= self.TERMS_KEPT:
+            self._terms.clear()
+        self._terms[word] = found
+        return found
 
 
 _LETTERS = str.maketrans("0123456789abcdef", "abcdefghijklmnop")
+
+
+class KeyNeeded(Exception):
+    """``Sealer.open_now`` met a value whose data key is not unwrapped yet."""
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(key_id)
+        self.key_id = key_id
 
 
 def key_id_of(token: str) -> str:
@@ -297,6 +403,7 @@ class Sealer:
         self.table = table
         self._by_id: dict[tuple[str, str], DataKey] = {}
         self._current: dict[tuple[str, str, str], DataKey] = {}
+        self.opened = OpenedValues()
         # Held while a scope's key is looked for and made: concurrent first uses of a scope
         # (its first writes) share one key instead of each making its own.
         self._making = asyncio.Lock()
@@ -305,6 +412,7 @@ class Sealer:
         if len(self._by_id) > _CACHE_LIMIT:
             self._by_id.clear()
             self._current.clear()
+            self.opened.clear()
         self._by_id[(org_id, key.key_id)] = key
         if current:
             self._current[(org_id, key.kind, key.owner)] = key
@@ -314,7 +422,7 @@ class Sealer:
         """Unwrap a stored data key with the keyring (without remembering it)."""
         scope = _scope(record.org_id, record.kind, record.owner)
         material = await self.keyring.unwrap(scope, record.master_id, record.wrapped)
-        return DataKey(record.key_id, record.kind, record.owner, material)
+        return DataKey(record.key_id, record.kind, record.owner, material, self.opened)
 
     async def key(self, org_id: str, kind: str, owner: str) -> DataKey:
         """Return the scope's current data key, made (and stored wrapped) if it has none."""
@@ -366,7 +474,8 @@ class Sealer:
         key_id = "k" + secrets.token_hex(8)
         record = KeyRecord(org_id, key_id, kind, owner, master_id, wrapped, utcnow())
         await self.table.add(record)
-        return self._remember(org_id, DataKey(key_id, kind, owner, material), current=True)
+        key = DataKey(key_id, kind, owner, material, self.opened)
+        return self._remember(org_id, key, current=True)
 
     async def key_by_id(self, org_id: str, key_id: str) -> DataKey:
         """Return the data key a sealed value names.
@@ -424,15 +533,33 @@ class Sealer:
             raise DecryptionError(f"data key {key_id!r} is not one of this scope's keys")
         return key.open(value, aad)
 
-    async def open(self, org_id: str, value: Any, aad: bytes) -> Any:
-        """Decrypt a stored value (plaintext, written without a keyring, passes through)."""
+    def open_now(self, org_id: str, value: Any, aad: bytes) -> Any:
+        """Decrypt a stored value with a data key this process has unwrapped already
+        (plaintext, written without a keyring, passes through), without suspending.
+
+        Raises:
+            KeyNeeded: the value's data key is not unwrapped yet (``key_by_id`` fetches it).
+        """
         if not (isinstance(value, str) and value.startswith(PREFIX)):
             return value
         key_id = key_id_of(value)
-        key = self._by_id.get((org_id, key_id))  # known: no suspension
+        key = self._by_id.get((org_id, key_id))
         if key is None:
-            key = await self.key_by_id(org_id, key_id)
+            raise KeyNeeded(key_id)
         return key.open(value, aad)
+
+    async def open(self, org_id: str, value: Any, aad: bytes) -> Any:
+        """Decrypt a stored value (plaintext, written without a keyring, passes through)."""
+        return await self.opening(org_id, self.open_now, org_id, value, aad)
+
+    async def opening(self, org_id: str, step: Callable[..., T], *args: Any) -> T:
+        """Run ``step(*args)``, which opens values of ``org_id`` with ``open_now``: again
+        after fetching each data key it needs (one suspension per key not unwrapped yet)."""
+        while True:
+            try:
+                return step(*args)
+            except KeyNeeded as need:
+                await self.key_by_id(org_id, need.key_id)
 
     async def index_key(self, org_id: str) -> DataKey:
         """Return the organisation's blind index key."""
@@ -449,6 +576,7 @@ class Sealer:
         await self.keyring.forget(_scope(org_id, kind, owner))
         await self.table.drop(org_id, kind, owner)
         self._current.pop((org_id, kind, owner), None)
+        self.opened.clear()
         for cached in [k for k, v in self._by_id.items() if k[0] == org_id and v.kind == kind]:
             if self._by_id[cached].owner == owner:
                 del self._by_id[cached]
@@ -548,40 +676,57 @@ class Envelope:
         }
 
     # -- opening ---------------------------------------------------------------------------
+    # Each opens with the data keys unwrapped already (``Sealer.open_now``), fetching a
+    # missing one and starting again (``Sealer.opening``): one suspension per key, none
+    # per value.
+
+    def _private_now(self, org_id: str, session_id: str, state: dict[str, Any]) -> dict[str, Any]:
+        open_ = self.sealer.open_now
+        return {
+            k: open_(org_id, v, row_aad("state", org_id, session_id, k)) for k, v in state.items()
+        }
 
     async def open_private(
         self, org_id: str, session_id: str, state: dict[str, Any]
     ) -> dict[str, Any]:
         """Open a session's private state values."""
-        open_ = self.sealer.open
+        return await self.sealer.opening(org_id, self._private_now, org_id, session_id, state)
+
+    def _user_now(
+        self, org_id: str, app_name: str, user_id: str, items: list[tuple[str, Any]]
+    ) -> dict[str, Any]:
+        open_ = self.sealer.open_now
         return {
-            k: await open_(org_id, v, row_aad("state", org_id, session_id, k))
-            for k, v in state.items()
+            k: open_(org_id, v, row_aad("user", org_id, app_name, user_id, k)) for k, v in items
         }
 
     async def open_user(
         self, org_id: str, app_name: str, user_id: str, items: Iterable[tuple[str, Any]]
     ) -> dict[str, Any]:
         """Open ``user:`` values (keys without their prefix)."""
-        open_ = self.sealer.open
-        return {
-            k: await open_(org_id, v, row_aad("user", org_id, app_name, user_id, k))
-            for k, v in items
-        }
+        return await self.sealer.opening(
+            org_id, self._user_now, org_id, app_name, user_id, list(items)
+        )
+
+    def _app_now(self, org_id: str, app_name: str, items: list[tuple[str, Any]]) -> dict[str, Any]:
+        open_ = self.sealer.open_now
+        return {k: open_(org_id, v, row_aad("app", org_id, app_name, k)) for k, v in items}
 
     async def open_app(
         self, org_id: str, app_name: str, items: Iterable[tuple[str, Any]]
     ) -> dict[str, Any]:
         """Open ``app:`` values (keys without their prefix)."""
-        open_ = self.sealer.open
-        return {k: await open_(org_id, v, row_aad("app", org_id, app_name, k)) for k, v in items}
+        return await self.sealer.opening(org_id, self._app_now, org_id, app_name, list(items))
 
-    async def open_title(self, org_id: str, session_id: str, title: str) -> str:
-        """Open a title."""
-        opened = await self.sealer.open(org_id, title, row_aad("title", org_id, session_id))
+    def _title_now(self, org_id: str, session_id: str, title: str) -> str:
+        opened = self.sealer.open_now(org_id, title, row_aad("title", org_id, session_id))
         if not isinstance(opened, str):
             raise DecryptionError(f"the title of session {session_id!r} is not a sealed title")
         return opened
+
+    async def open_title(self, org_id: str, session_id: str, title: str) -> str:
+        """Open a title."""
+        return await self.sealer.opening(org_id, self._title_now, org_id, session_id, title)
 
     async def open_content(self, org_id: str, session_id: str, event_id: str, content: Any) -> Any:
         """Open an event's content."""
@@ -589,15 +734,20 @@ class Envelope:
             org_id, content, row_aad("content", org_id, session_id, event_id)
         )
 
+    def _delta_now(
+        self, org_id: str, session_id: str, event_id: str, delta: dict[str, Any]
+    ) -> dict[str, Any]:
+        open_ = self.sealer.open_now
+        aad = row_aad("delta", org_id, session_id, event_id)
+        return {k: open_(org_id, v, aad + _aad_part(k)) for k, v in delta.items()}
+
     async def open_delta(
         self, org_id: str, session_id: str, event_id: str, delta: dict[str, Any]
     ) -> dict[str, Any]:
         """Open the values of an event's state delta."""
-        open_ = self.sealer.open
-        return {
-            k: await open_(org_id, v, row_aad("delta", org_id, session_id, event_id, k))
-            for k, v in delta.items()
-        }
+        return await self.sealer.opening(
+            org_id, self._delta_now, org_id, session_id, event_id, delta
+        )
 
     # -- whole rows ------------------------------------------------------------------------
 
@@ -669,35 +819,47 @@ class Envelope:
             search_terms=" ".join(index.term(term) for term in memory_terms(memory.text)),
         )
 
-    async def open_memory(self, org_id: str, app_name: str, user_id: str, memory: Memory) -> Memory:
-        """Return a memory with its text, content and metadata opened (a plain ``Memory``)."""
-        open_ = self.sealer.open
+    def _memory_now(self, org_id: str, app_name: str, user_id: str, memory: Memory) -> Memory:
+        open_ = self.sealer.open_now
 
         def aad(*field: str) -> bytes:
             return row_aad("memory", org_id, app_name, user_id, str(memory.id), *field)
 
-        text = await open_(org_id, memory.text, aad("text"))
+        text = open_(org_id, memory.text, aad("text"))
         if not isinstance(text, str):
             raise DecryptionError(f"the text of memory {memory.id!r} is not a sealed text")
         return Memory(
             text,
-            content=await open_(org_id, memory.content, aad("content")),
+            content=open_(org_id, memory.content, aad("content")),
             author=memory.author,
             timestamp=memory.timestamp,
             id=memory.id,
             metadata={
-                k: await open_(org_id, v, aad("metadata", k))
-                for k, v in (memory.metadata or {}).items()
+                k: open_(org_id, v, aad("metadata", k)) for k, v in (memory.metadata or {}).items()
             },
             session_id=memory.session_id,
             seq=memory.seq,
         )
 
-    async def open_state(
+    async def open_memory(self, org_id: str, app_name: str, user_id: str, memory: Memory) -> Memory:
+        """Return a memory with its text, content and metadata opened (a plain ``Memory``)."""
+        return await self.sealer.opening(
+            org_id, self._memory_now, org_id, app_name, user_id, memory
+        )
+
+    async def open_memories(
+        self, org_id: str, app_name: str, user_id: str, memories: list[Memory]
+    ) -> list[Memory]:
+        """Return memories opened (``open_memory``), in order."""
+        now = self._memory_now
+        return await self.sealer.opening(
+            org_id, lambda: [now(org_id, app_name, user_id, m) for m in memories]
+        )
+
+    def _state_now(
         self, org_id: str, session_id: str, app_name: str, user_id: str, state: dict[str, Any]
     ) -> dict[str, Any]:
-        """Open a merged state (private, ``user:`` and ``app:`` keys, told by their prefix)."""
-        open_ = self.sealer.open
+        open_ = self.sealer.open_now
         out: dict[str, Any] = {}
         for k, v in state.items():
             scope = scope_of(k)
@@ -707,36 +869,88 @@ class Envelope:
                 aad = row_aad("app", org_id, app_name, k[len(APP_PREFIX) :])
             else:
                 aad = row_aad("state", org_id, session_id, k)
-            out[k] = await open_(org_id, v, aad)
+            out[k] = open_(org_id, v, aad)
         return out
+
+    async def open_state(
+        self, org_id: str, session_id: str, app_name: str, user_id: str, state: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Open a merged state (private, ``user:`` and ``app:`` keys, told by their prefix)."""
+        return await self.sealer.opening(
+            org_id, self._state_now, org_id, session_id, app_name, user_id, state
+        )
+
+    def _session_now(self, session: Session) -> tuple[str, dict[str, Any]]:
+        org, sid = session.org_id, session.id
+        title = self._title_now(org, sid, session.title)
+        if not session.state:
+            return title, session.state
+        state = self._state_now(org, sid, session.app_name, session.user_id, session.state)
+        return title, state
 
     async def open_session(self, session: Session) -> Session:
         """Open a session's title and state, in place; return it."""
-        session.title = await self.open_title(session.org_id, session.id, session.title)
-        if session.state:
-            session.state = await self.open_state(
-                session.org_id, session.id, session.app_name, session.user_id, session.state
-            )
+        opened = await self.sealer.opening(session.org_id, self._session_now, session)
+        session.title, session.state = opened
         return session
 
-    async def open_event(self, org_id: str, session_id: str, event: Event) -> Event:
-        """Return an event with its content and state delta opened (a plain ``Event``)."""
+    def _event_values(
+        self, org_id: str, event: Event, content_head: bytes, delta_head: bytes
+    ) -> tuple[Any, dict[str, Any]]:
+        # row_aad("content" or "delta", org, session, event id[, key]): the heads hold the
+        # first three parts.
+        open_ = self.sealer.open_now
+        at = _aad_part(event.id)
+        content = open_(org_id, event.content, content_head + at)
         delta = event.state_delta
-        open_ = self.sealer.open
-        # One associated data prefix for the event's values (row_aad's parts, in order).
-        content_aad = row_aad("content", org_id, session_id, event.id)
-        delta_aad = row_aad("delta", org_id, session_id, event.id)
+        if not delta:
+            return content, {}
+        at = delta_head + at
+        return content, {k: open_(org_id, v, at + _aad_part(k)) for k, v in delta.items()}
+
+    def _event_now(self, org_id: str, session_id: str, event: Event) -> Event:
+        session = _aad_part(org_id) + _aad_part(session_id)
+        content, delta = self._event_values(
+            org_id, event, _CONTENT_AAD + session, _DELTA_AAD + session
+        )
         return Event(
             author=event.author,
-            content=await open_(org_id, event.content, content_aad),
+            content=content,
             invocation_id=event.invocation_id,
-            state_delta={
-                k: await open_(org_id, v, delta_aad + _aad_part(k)) for k, v in delta.items()
-            }
-            if delta
-            else {},
+            state_delta=delta,
             tokens=event.tokens,
             id=event.id,
             timestamp=event.timestamp,
             seq=event.seq,
         )
+
+    async def open_event(self, org_id: str, session_id: str, event: Event) -> Event:
+        """Return an event with its content and state delta opened (a plain ``Event``)."""
+        return await self.sealer.opening(org_id, self._event_now, org_id, session_id, event)
+
+    def _events_now(self, org_id: str, session_id: str, events: list[Event]) -> list[Event]:
+        session = _aad_part(org_id) + _aad_part(session_id)
+        content_head, delta_head = _CONTENT_AAD + session, _DELTA_AAD + session
+        values = self._event_values
+        opened = [values(org_id, event, content_head, delta_head) for event in events]
+        # Changed only once all are open: a retry (KeyNeeded) reads the stored values again.
+        # A stored kind of event (SealedEvent) is given back as a plain Event.
+        out = []
+        for event, (content, delta) in zip(events, opened, strict=True):
+            if type(event) is not Event:
+                event = Event(
+                    author=event.author,
+                    invocation_id=event.invocation_id,
+                    tokens=event.tokens,
+                    id=event.id,
+                    timestamp=event.timestamp,
+                    seq=event.seq,
+                )
+            event.content, event.state_delta = content, delta
+            out.append(event)
+        return out
+
+    async def open_events(self, org_id: str, session_id: str, events: list[Event]) -> list[Event]:
+        """Return events opened (``open_event``), in order: each plain ``Event`` the caller
+        owns (read from the database, or a copy) is opened in place."""
+        return await self.sealer.opening(org_id, self._events_now, org_id, session_id, events)

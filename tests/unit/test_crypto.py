@@ -10,7 +10,15 @@ import pytest
 
 from durable_sessions import DecryptionError, InvalidArgumentError, StoreError
 from durable_sessions.crypto import Keyring, LocalKeyring
-from durable_sessions.sealing import INDEX, USER, DataKey, MemoryKeyTable, Sealer, row_aad
+from durable_sessions.sealing import (
+    INDEX,
+    USER,
+    DataKey,
+    MemoryKeyTable,
+    OpenedValues,
+    Sealer,
+    row_aad,
+)
 
 KEY = bytes(range(32))
 
@@ -114,6 +122,62 @@ def test_a_sealed_value_opens_only_in_its_own_row() -> None:
         key.open(tampered, here)
     with pytest.raises(DecryptionError):
         DataKey("k1", USER, "u", bytes(32)).open(sealed, here)
+
+
+def test_a_kept_value_still_opens_only_in_its_own_row() -> None:
+    # With a store's OpenedValues, what was sealed or opened once is kept: the row binding,
+    # the tamper check and the key check hold as without it.
+    opened = OpenedValues()
+    key = DataKey("k1", USER, "u", KEY, opened)
+    here, there = row_aad("state", "org", "s1", "k"), row_aad("state", "org", "s2", "k")
+    sealed = key.seal({"secret": ["hunter2"]}, here)
+    assert len(opened) == 1
+    first = key.open(sealed, here)
+    assert first == {"secret": ["hunter2"]}
+    first["secret"].append("changed by the reader")  # each reader gets its own copy
+    assert key.open(sealed, here) == {"secret": ["hunter2"]}
+    with pytest.raises(DecryptionError, match="moved from another row"):
+        key.open(sealed, there)
+    tampered = sealed[:-4] + ("AAAA" if not sealed.endswith("AAAA") else "BBBB")
+    with pytest.raises(DecryptionError):
+        key.open(tampered, here)
+    with pytest.raises(DecryptionError):  # same key id, other key material, same kept values
+        DataKey("k1", USER, "u", bytes(32), opened).open(sealed, here)
+
+
+def test_kept_values_are_bounded() -> None:
+    opened = OpenedValues()
+    key = DataKey("k1", USER, "u", KEY, opened)
+    aad = row_aad("state", "org", "s1", "k")
+    key.seal("x" * OpenedValues.KEEP_VALUE_CHARS, aad)  # its JSON text is 2 longer
+    assert len(opened) == 0
+    big = "y" * (OpenedValues.KEEP_VALUE_CHARS - 2)
+    count = OpenedValues.KEEP_CHARS // (2 * OpenedValues.KEEP_VALUE_CHARS) + 2
+    for n in range(count):
+        key.seal(big, row_aad("state", "org", "s1", str(n)))
+    assert 0 < len(opened) < count  # dropped when full, then kept again
+
+
+async def test_forgetting_a_scope_drops_the_kept_values(tmp_path: Path) -> None:
+    sealer = Sealer(LocalKeyring(tmp_path / "keys.json"), MemoryKeyTable())
+    key = await sealer.key("org", USER, "alice")
+    aad = row_aad("state", "org", "s1", "k")
+    sealed = key.seal("secret", aad)
+    assert await sealer.open("org", sealed, aad) == "secret"
+    assert len(sealer.opened) == 1
+    await sealer.forget("org", USER, "alice")
+    assert len(sealer.opened) == 0
+    with pytest.raises(DecryptionError):
+        await sealer.open("org", sealed, aad)
+
+
+def test_an_index_key_keeps_its_terms_bounded() -> None:
+    key = DataKey("index", INDEX, "", KEY)
+    first = key.term("hello")
+    for n in range(DataKey.TERMS_KEPT + 1):
+        key.term(f"w{n}")
+    assert len(key._terms) <= DataKey.TERMS_KEPT
+    assert key.term("hello") == first == DataKey("index", INDEX, "", KEY).term("hello")
 
 
 def test_row_aad_parts_cannot_be_shifted() -> None:

@@ -408,7 +408,7 @@ class SQLStore:
         """Open events read from the database."""
         if self._env is None:
             return events
-        return [await self._env.open_event(org_id, session_id, event) for event in events]
+        return await self._env.open_events(org_id, session_id, events)
 
     def _remember_owner(self, session: Session) -> None:
         if len(self._owners) > 100_000:
@@ -1311,7 +1311,7 @@ class SQLStore:
         found = await self._runner.run(program, "read", "search_memories")
         if env is None:
             return found
-        return [await env.open_memory(org_id, app_name, user_id, m) for m in found]
+        return await env.open_memories(org_id, app_name, user_id, found)
 
     async def delete_memories(
         self, org_id: str, app_name: str, user_id: str, *, memory_id: str | None = None

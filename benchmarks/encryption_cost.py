@@ -7,6 +7,9 @@ store that goes first alternating from one round to the next:
 
 - ``get``: a session with its merged state;
 - ``load``: ``get_with_events`` with the newest 20 events (what an agent turn reads);
+- ``cold``: ``load`` with nothing kept: the encrypted store first drops the values it
+  keeps opened (``sealing.OpenedValues``), so every value is decrypted, as in a process's
+  first read of a session;
 - ``append``: ``append_event`` with a state delta;
 - ``save``: ``update`` of one private and one ``user:`` key;
 - ``search``: a two-word search over the organisation's events.
@@ -35,7 +38,7 @@ from durable_sessions import Event, Manager, SQLStore
 
 from .common import Database, command_line, new_tmpdir, run_meta
 
-OPERATIONS = ("get", "load", "append", "save", "search")
+OPERATIONS = ("get", "load", "cold", "append", "save", "search")
 TEXT = "the customer asked about the refund for order {n} and the delivery date in march"
 
 
@@ -54,6 +57,10 @@ async def _setup(store: SQLStore, events: int) -> Callable[[str], Awaitable[Any]
         if operation == "get":
             return await store.get("org", session.id)
         if operation == "load":
+            return await store.get_with_events("org", session.id, limit=20)
+        if operation == "cold":
+            if store._env is not None:
+                store._env.sealer.opened.clear()
             return await store.get_with_events("org", session.id, limit=20)
         if operation == "append":
             event = Event("agent", {"text": TEXT.format(n=counter[0])}, state_delta={"k": 1})

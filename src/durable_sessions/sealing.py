@@ -233,14 +233,13 @@ _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
 
 class OpenedValues:
-    """Values a store's data keys sealed or opened lately, by (data key, sealed text,
-    associated data).
+    """Values a store's data keys sealed or opened lately, by sealed text and associated data.
 
     An agent's turn reads back mostly what the last turn read or wrote; each of those values
     is then decoded from its kept JSON text instead of decrypted again. Each entry is keyed
     by the whole sealed text and the associated data naming its row, so an altered value, or
-    one moved to another row, is not found here and fails to decrypt as before; so is one
-    opened with another data key (another organisation's) than the one that kept it. Bounded: a
+    one moved to another row, is not found here and fails to decrypt as before (a row's
+    associated data names its organisation, so no other organisation finds it). Bounded: a
     value over ``KEEP_VALUE_CHARS`` is not kept, and past ``KEEP_CHARS`` of kept text all is
     dropped. ``Sealer.forget`` (``delete_user``) drops all.
     """
@@ -253,13 +252,25 @@ class OpenedValues:
     __slots__ = ("_chars", "_entries")
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[DataKey, str, bytes], Any] = {}
+        # (sealed text, associated data) -> (the data key, the value or its JSON text, whether
+        # it is the text)
+        self._entries: dict[tuple[str, bytes], tuple[DataKey, Any, bool]] = {}
         self._chars = 0
 
     def get(self, key: DataKey, token: str, aad: bytes) -> Any:
         """The value ``key`` kept for ``token`` in the row ``aad`` names, or ``_MISS``."""
-        hit = self._entries.get((key, token, aad), _MISS)
-        return from_json(hit[0]) if type(hit) is tuple else hit
+        hit = self._entries.get((token, aad))
+        if hit is None or hit[0] is not key:
+            return _MISS
+        return from_json(hit[1]) if hit[2] else hit[1]
+
+    def find(self, token: str, aad: bytes) -> Any:
+        """The value kept for ``token`` in the row ``aad`` names, by whichever data key, or
+        ``_MISS``: for associated data that names the organisation (``row_aad``'s rows)."""
+        hit = self._entries.get((token, aad))
+        if hit is None:
+            return _MISS
+        return from_json(hit[1]) if hit[2] else hit[1]
 
     def keep(self, key: DataKey, token: str, aad: bytes, text: str, value: Any) -> None:
         """Keep a value: ``value`` itself when it is a str, number, bool or None; its JSON
@@ -268,8 +279,8 @@ class OpenedValues:
             return
         if self._chars > self.KEEP_CHARS:
             self.clear()
-        kept = value if type(value) in _IMMUTABLE else (text,)
-        self._entries[(key, token, aad)] = kept
+        immutable = type(value) in _IMMUTABLE
+        self._entries[(token, aad)] = (key, value if immutable else text, not immutable)
         self._chars += len(token) + len(text)
 
     def clear(self) -> None:
@@ -533,6 +544,15 @@ class Sealer:
             raise DecryptionError(f"data key {key_id!r} is not one of this scope's keys")
         return key.open(value, aad)
 
+    def open_row(self, org_id: str, value: Any, aad: bytes) -> Any:
+        """``open_now`` for a value whose associated data names its organisation (every row
+        ``Envelope`` opens): a value kept (``OpenedValues``) is found without its key."""
+        if type(value) is str:
+            kept = self.opened.find(value, aad)
+            if kept is not _MISS:
+                return kept
+        return self.open_now(org_id, value, aad)
+
     def open_now(self, org_id: str, value: Any, aad: bytes) -> Any:
         """Decrypt a stored value with a data key this process has unwrapped already
         (plaintext, written without a keyring, passes through), without suspending.
@@ -681,7 +701,7 @@ class Envelope:
     # per value.
 
     def _private_now(self, org_id: str, session_id: str, state: dict[str, Any]) -> dict[str, Any]:
-        open_ = self.sealer.open_now
+        open_ = self.sealer.open_row
         return {
             k: open_(org_id, v, row_aad("state", org_id, session_id, k)) for k, v in state.items()
         }
@@ -695,7 +715,7 @@ class Envelope:
     def _user_now(
         self, org_id: str, app_name: str, user_id: str, items: list[tuple[str, Any]]
     ) -> dict[str, Any]:
-        open_ = self.sealer.open_now
+        open_ = self.sealer.open_row
         return {
             k: open_(org_id, v, row_aad("user", org_id, app_name, user_id, k)) for k, v in items
         }
@@ -709,7 +729,7 @@ class Envelope:
         )
 
     def _app_now(self, org_id: str, app_name: str, items: list[tuple[str, Any]]) -> dict[str, Any]:
-        open_ = self.sealer.open_now
+        open_ = self.sealer.open_row
         return {k: open_(org_id, v, row_aad("app", org_id, app_name, k)) for k, v in items}
 
     async def open_app(
@@ -719,7 +739,7 @@ class Envelope:
         return await self.sealer.opening(org_id, self._app_now, org_id, app_name, list(items))
 
     def _title_now(self, org_id: str, session_id: str, title: str) -> str:
-        opened = self.sealer.open_now(org_id, title, row_aad("title", org_id, session_id))
+        opened = self.sealer.open_row(org_id, title, row_aad("title", org_id, session_id))
         if not isinstance(opened, str):
             raise DecryptionError(f"the title of session {session_id!r} is not a sealed title")
         return opened
@@ -737,7 +757,7 @@ class Envelope:
     def _delta_now(
         self, org_id: str, session_id: str, event_id: str, delta: dict[str, Any]
     ) -> dict[str, Any]:
-        open_ = self.sealer.open_now
+        open_ = self.sealer.open_row
         aad = row_aad("delta", org_id, session_id, event_id)
         return {k: open_(org_id, v, aad + _aad_part(k)) for k, v in delta.items()}
 
@@ -820,7 +840,7 @@ class Envelope:
         )
 
     def _memory_now(self, org_id: str, app_name: str, user_id: str, memory: Memory) -> Memory:
-        open_ = self.sealer.open_now
+        open_ = self.sealer.open_row
 
         def aad(*field: str) -> bytes:
             return row_aad("memory", org_id, app_name, user_id, str(memory.id), *field)
@@ -859,7 +879,7 @@ class Envelope:
     def _state_now(
         self, org_id: str, session_id: str, app_name: str, user_id: str, state: dict[str, Any]
     ) -> dict[str, Any]:
-        open_ = self.sealer.open_now
+        open_ = self.sealer.open_row
         out: dict[str, Any] = {}
         for k, v in state.items():
             scope = scope_of(k)
@@ -899,7 +919,7 @@ class Envelope:
     ) -> tuple[Any, dict[str, Any]]:
         # row_aad("content" or "delta", org, session, event id[, key]): the heads hold the
         # first three parts.
-        open_ = self.sealer.open_now
+        open_ = self.sealer.open_row
         at = _aad_part(event.id)
         content = open_(org_id, event.content, content_head + at)
         delta = event.state_delta

@@ -2,8 +2,9 @@
 
 Two stores on one database, one plain and one with a ``LocalKeyring``, each with a session of
 its own (private, ``user:`` and ``app:`` state, a transcript of ``--events`` events). Each of
-``--rounds`` rounds runs every operation ``--ops`` times on each store, back to back, the
-store that goes first alternating from one round to the next:
+``--rounds`` rounds runs every operation ``--ops`` times on each store, one call on one store
+then one on the other (which goes first alternating from call to call), so that both meet the
+same moments of a busy machine; each call is timed on its own:
 
 - ``get``: a session with its merged state;
 - ``load``: ``get_with_events`` with the newest 20 events (what an agent turn reads);
@@ -92,22 +93,26 @@ async def measure(
         name: {op: [] for op in OPERATIONS} for name in stores
     }
 
-    async def loop(name: str, operation: str, record: bool) -> None:
-        start = time.perf_counter()
-        for _ in range(ops):
-            await runners[name](operation)
+    names = list(stores)
+    orders = (names, names[::-1])
+
+    async def loop(operation: str, record: bool) -> None:
+        spent = dict.fromkeys(names, 0.0)
+        for n in range(ops):
+            for name in orders[n % 2]:
+                start = time.perf_counter()
+                await runners[name](operation)
+                spent[name] += time.perf_counter() - start
         if record:
-            found[name][operation].append((time.perf_counter() - start) / ops)
+            for name in names:
+                found[name][operation].append(spent[name] / ops)
 
     try:
-        names = list(stores)
-        for name in names:  # warm-up: caches, prepared statements, unwrapped keys
+        for operation in OPERATIONS:  # warm-up: caches, prepared statements, unwrapped keys
+            await loop(operation, record=False)
+        for _ in range(rounds):
             for operation in OPERATIONS:
-                await loop(name, operation, record=False)
-        for r in range(rounds):
-            for operation in OPERATIONS:
-                for name in names[r % 2 :] + names[: r % 2]:
-                    await loop(name, operation, record=True)
+                await loop(operation, record=True)
     finally:
         await engine.dispose()
     return found

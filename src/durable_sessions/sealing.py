@@ -38,7 +38,7 @@ from .fulltext import event_text, words
 from .jsoncodec import from_json, to_json
 from .memories import memory_terms
 from .model import Event, Memory, Session, utcnow
-from .state import APP_PREFIX, USER_PREFIX, ScopedDelta, scope_of
+from .state import APP_PREFIX, USER_PREFIX, ScopedDelta
 
 try:
     from cryptography.exceptions import InvalidTag
@@ -222,6 +222,9 @@ def _aad_part(part: str) -> bytes:
 
 _CONTENT_AAD = row_aad("content")
 _DELTA_AAD = row_aad("delta")
+_STATE_AAD = row_aad("state")
+_USER_AAD = row_aad("user")
+_APP_AAD = row_aad("app")
 
 
 def _scope(org_id: str, kind: str, owner: str) -> str:
@@ -271,6 +274,20 @@ class OpenedValues:
         if hit is None:
             return _MISS
         return from_json(hit[1]) if hit[2] else hit[1]
+
+    def opener(self, slow: Callable[[Any, bytes], Any]) -> Callable[[Any, bytes], Any]:
+        """``find`` as one function of (stored value, associated data) for a read's many
+        values: what is not kept (or not sealed) goes to ``slow``."""
+        get = self._entries.get
+
+        def open_(value: Any, aad: bytes) -> Any:
+            if type(value) is str:
+                hit = get((value, aad))
+                if hit is not None:
+                    return from_json(hit[1]) if hit[2] else hit[1]
+            return slow(value, aad)
+
+        return open_
 
     def keep(self, key: DataKey, token: str, aad: bytes, text: str, value: Any) -> None:
         """Keep a value: ``value`` itself when it is a str, number, bool or None; its JSON
@@ -739,6 +756,8 @@ class Envelope:
         return await self.sealer.opening(org_id, self._app_now, org_id, app_name, list(items))
 
     def _title_now(self, org_id: str, session_id: str, title: str) -> str:
+        if not title:  # untitled
+            return title
         opened = self.sealer.open_row(org_id, title, row_aad("title", org_id, session_id))
         if not isinstance(opened, str):
             raise DecryptionError(f"the title of session {session_id!r} is not a sealed title")
@@ -879,17 +898,21 @@ class Envelope:
     def _state_now(
         self, org_id: str, session_id: str, app_name: str, user_id: str, state: dict[str, Any]
     ) -> dict[str, Any]:
-        open_ = self.sealer.open_row
+        open_ = self.sealer.opened.opener(functools.partial(self.sealer.open_now, org_id))
+        # row_aad's parts: each scope's head, then the key (without its prefix).
+        org = _aad_part(org_id)
+        user = _USER_AAD + org + _aad_part(app_name) + _aad_part(user_id)
+        app = _APP_AAD + org + _aad_part(app_name)
+        private = _STATE_AAD + org + _aad_part(session_id)
         out: dict[str, Any] = {}
         for k, v in state.items():
-            scope = scope_of(k)
-            if scope == "user":
-                aad = row_aad("user", org_id, app_name, user_id, k[len(USER_PREFIX) :])
-            elif scope == "app":
-                aad = row_aad("app", org_id, app_name, k[len(APP_PREFIX) :])
+            if k.startswith(USER_PREFIX):
+                aad = user + _aad_part(k[len(USER_PREFIX) :])
+            elif k.startswith(APP_PREFIX):
+                aad = app + _aad_part(k[len(APP_PREFIX) :])
             else:
-                aad = row_aad("state", org_id, session_id, k)
-            out[k] = open_(org_id, v, aad)
+                aad = private + _aad_part(k)
+            out[k] = open_(v, aad)
         return out
 
     async def open_state(
@@ -914,25 +937,29 @@ class Envelope:
         session.title, session.state = opened
         return session
 
-    def _event_values(
-        self, org_id: str, event: Event, content_head: bytes, delta_head: bytes
-    ) -> tuple[Any, dict[str, Any]]:
-        # row_aad("content" or "delta", org, session, event id[, key]): the heads hold the
-        # first three parts.
-        open_ = self.sealer.open_row
-        at = _aad_part(event.id)
-        content = open_(org_id, event.content, content_head + at)
-        delta = event.state_delta
-        if not delta:
-            return content, {}
-        at = delta_head + at
-        return content, {k: open_(org_id, v, at + _aad_part(k)) for k, v in delta.items()}
+    def _events_values(
+        self, org_id: str, session_id: str, events: list[Event]
+    ) -> list[tuple[Any, dict[str, Any]]]:
+        """Each event's opened content and state delta, in order."""
+        # row_aad("content" or "delta", org, session, event id[, key]), from heads that hold
+        # the first three parts.
+        session = _aad_part(org_id) + _aad_part(session_id)
+        content_head, delta_head = _CONTENT_AAD + session, _DELTA_AAD + session
+        open_ = self.sealer.opened.opener(functools.partial(self.sealer.open_now, org_id))
+        part = _aad_part
+        out = []
+        for event in events:
+            at = part(event.id)
+            content = open_(event.content, content_head + at)
+            delta = event.state_delta
+            if delta:
+                at = delta_head + at
+                delta = {k: open_(v, at + part(k)) for k, v in delta.items()}
+            out.append((content, delta or {}))
+        return out
 
     def _event_now(self, org_id: str, session_id: str, event: Event) -> Event:
-        session = _aad_part(org_id) + _aad_part(session_id)
-        content, delta = self._event_values(
-            org_id, event, _CONTENT_AAD + session, _DELTA_AAD + session
-        )
+        ((content, delta),) = self._events_values(org_id, session_id, [event])
         return Event(
             author=event.author,
             content=content,
@@ -949,10 +976,7 @@ class Envelope:
         return await self.sealer.opening(org_id, self._event_now, org_id, session_id, event)
 
     def _events_now(self, org_id: str, session_id: str, events: list[Event]) -> list[Event]:
-        session = _aad_part(org_id) + _aad_part(session_id)
-        content_head, delta_head = _CONTENT_AAD + session, _DELTA_AAD + session
-        values = self._event_values
-        opened = [values(org_id, event, content_head, delta_head) for event in events]
+        opened = self._events_values(org_id, session_id, events)
         # Changed only once all are open: a retry (KeyNeeded) reads the stored values again.
         # A stored kind of event (SealedEvent) is given back as a plain Event.
         out = []

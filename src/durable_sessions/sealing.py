@@ -236,15 +236,18 @@ _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
 
 class OpenedValues:
-    """Values a store's data keys sealed or opened lately, by sealed text and associated data.
+    """Values a store's data keys sealed or opened lately, by sealed text and associated data
+    (and their sealed texts, by data key, associated data and JSON text).
 
     An agent's turn reads back mostly what the last turn read or wrote; each of those values
-    is then decoded from its kept JSON text instead of decrypted again. Each entry is keyed
-    by the whole sealed text and the associated data naming its row, so an altered value, or
-    one moved to another row, is not found here and fails to decrypt as before (a row's
-    associated data names its organisation, so no other organisation finds it). Bounded: a
-    value over ``KEEP_VALUE_CHARS`` is not kept, and past ``KEEP_CHARS`` of kept text all is
-    dropped. ``Sealer.forget`` (``delete_user``) drops all.
+    is then decoded from its kept JSON text instead of decrypted again, and a value written
+    again unchanged (a save writes a session's whole private state) is not sealed again:
+    sealing is deterministic, so the kept sealed text is what sealing would give. Each entry
+    is keyed by the whole sealed text and the associated data naming its row, so an altered
+    value, or one moved to another row, is not found here and fails to decrypt as before (a
+    row's associated data names its organisation, so no other organisation finds it).
+    Bounded: a value over ``KEEP_VALUE_CHARS`` is not kept, and past ``KEEP_CHARS`` of kept
+    text all is dropped. ``Sealer.forget`` (``delete_user``) drops all.
     """
 
     KEEP_VALUE_CHARS = 16_384
@@ -252,9 +255,12 @@ class OpenedValues:
     KEEP_CHARS = 16 * 1024 * 1024
     """How much sealed and JSON text is kept at most, in characters."""
 
-    __slots__ = ("_chars", "_entries")
+    __slots__ = ("_chars", "_entries", "_sealed")
 
     def __init__(self) -> None:
+        # (data key, associated data, JSON text) -> the sealed text: sealing is deterministic
+        # (the nonce is synthetic), so a value sealed again for its row is found here.
+        self._sealed: dict[tuple[DataKey, bytes, str], str] = {}
         # (sealed text, associated data) -> (the data key, the value or its JSON text, whether
         # it is the text)
         self._entries: dict[tuple[str, bytes], tuple[DataKey, Any, bool]] = {}
@@ -298,12 +304,19 @@ class OpenedValues:
             self.clear()
         immutable = type(value) in _IMMUTABLE
         self._entries[(token, aad)] = (key, value if immutable else text, not immutable)
-        self._chars += len(token) + len(text)
+        self._sealed[(key, aad, text)] = token
+        self._chars += len(token) + 2 * len(text)
 
     def clear(self) -> None:
         """Drop every kept value."""
         self._entries.clear()
+        self._sealed.clear()
         self._chars = 0
+
+    def sealed(self, key: DataKey, aad: bytes, text: str) -> str | None:
+        """The sealed text ``key`` made of the JSON ``text`` for the row ``aad`` names, if
+        kept."""
+        return self._sealed.get((key, aad, text))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -344,12 +357,17 @@ class DataKey:
     def seal(self, value: Any, aad: bytes) -> str:
         """Encrypt a JSON value for the row ``aad`` names."""
         text = to_json(value)
+        opened = self._opened
+        if opened is not None:
+            kept = opened.sealed(self, aad, text)
+            if kept is not None:
+                return kept
         plain = text.encode("utf-8", "surrogatepass")
         nonce = hmac.digest(self._nonce, aad + b"\x00" + plain, "sha256")[:12]
         sealed = nonce + self._aead.encrypt(nonce, plain, aad)
         token = f"{PREFIX}{self.key_id}:{binascii.b2a_base64(sealed, newline=False).decode()}"
-        if self._opened is not None:
-            self._opened.keep(self, token, aad, text, value)
+        if opened is not None:
+            opened.keep(self, token, aad, text, value)
         return token
 
     def open(self, token: str, aad: bytes) -> Any:

@@ -132,6 +132,9 @@ def test_a_kept_value_still_opens_only_in_its_own_row() -> None:
     here, there = row_aad("state", "org", "s1", "k"), row_aad("state", "org", "s2", "k")
     sealed = key.seal({"secret": ["hunter2"]}, here)
     assert len(opened) == 1
+    assert key.seal({"secret": ["hunter2"]}, here) == sealed  # kept
+    assert key.seal({"secret": ["hunter2"]}, there) != sealed
+    assert DataKey("k1", USER, "u", bytes(32), opened).seal({"secret": ["hunter2"]}, here) != sealed
     first = key.open(sealed, here)
     assert first == {"secret": ["hunter2"]}
     first["secret"].append("changed by the reader")  # each reader gets its own copy

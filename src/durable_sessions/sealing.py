@@ -247,13 +247,15 @@ class OpenedValues:
     value, or one moved to another row, is not found here and fails to decrypt as before (a
     row's associated data names its organisation, so no other organisation finds it).
     Bounded: a value over ``KEEP_VALUE_CHARS`` is not kept, and past ``KEEP_CHARS`` of kept
-    text all is dropped. ``Sealer.forget`` (``delete_user``) drops all.
+    text or ``KEEP_VALUES`` values all is dropped. ``Sealer.forget`` (``delete_user``) drops all.
     """
 
     KEEP_VALUE_CHARS = 16_384
     """The longest JSON text of one value that is kept."""
     KEEP_CHARS = 16 * 1024 * 1024
     """How much sealed and JSON text is kept at most, in characters."""
+    KEEP_VALUES = 100_000
+    """How many values are kept at most."""
 
     __slots__ = ("_chars", "_entries", "_sealed")
 
@@ -300,7 +302,7 @@ class OpenedValues:
         ``text`` otherwise (decoded afresh for each reader, who may change it)."""
         if len(text) > self.KEEP_VALUE_CHARS:
             return
-        if self._chars > self.KEEP_CHARS:
+        if self._chars > self.KEEP_CHARS or len(self._entries) >= self.KEEP_VALUES:
             self.clear()
         immutable = type(value) in _IMMUTABLE
         self._entries[(token, aad)] = (key, value if immutable else text, not immutable)

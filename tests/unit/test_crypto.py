@@ -159,6 +159,10 @@ def test_kept_values_are_bounded() -> None:
     for n in range(count):
         key.seal(big, row_aad("state", "org", "s1", str(n)))
     assert 0 < len(opened) < count  # dropped when full, then kept again
+    opened.clear()
+    for n in range(OpenedValues.KEEP_VALUES + 1):
+        key.seal(n, aad)
+    assert len(opened) == 1  # as many small values as it keeps, then one more
 
 
 async def test_forgetting_a_scope_drops_the_kept_values(tmp_path: Path) -> None:

@@ -980,16 +980,7 @@ class Envelope:
 
     def _event_now(self, org_id: str, session_id: str, event: Event) -> Event:
         ((content, delta),) = self._events_values(org_id, session_id, [event])
-        return Event(
-            author=event.author,
-            content=content,
-            invocation_id=event.invocation_id,
-            state_delta=delta,
-            tokens=event.tokens,
-            id=event.id,
-            timestamp=event.timestamp,
-            seq=event.seq,
-        )
+        return _plain_event(event, content, delta)
 
     async def open_event(self, org_id: str, session_id: str, event: Event) -> Event:
         """Return an event with its content and state delta opened (a plain ``Event``)."""
@@ -1001,20 +992,28 @@ class Envelope:
         # A stored kind of event (SealedEvent) is given back as a plain Event.
         out = []
         for event, (content, delta) in zip(events, opened, strict=True):
-            if type(event) is not Event:
-                event = Event(
-                    author=event.author,
-                    invocation_id=event.invocation_id,
-                    tokens=event.tokens,
-                    id=event.id,
-                    timestamp=event.timestamp,
-                    seq=event.seq,
-                )
-            event.content, event.state_delta = content, delta
-            out.append(event)
+            if type(event) is Event:
+                event.content, event.state_delta = content, delta
+                out.append(event)
+            else:
+                out.append(_plain_event(event, content, delta))
         return out
 
     async def open_events(self, org_id: str, session_id: str, events: list[Event]) -> list[Event]:
         """Return events opened (``open_event``), in order: each plain ``Event`` the caller
         owns (read from the database, or a copy) is opened in place."""
         return await self.sealer.opening(org_id, self._events_now, org_id, session_id, events)
+
+
+def _plain_event(event: Event, content: Any, delta: dict[str, Any]) -> Event:
+    """A plain ``Event`` with ``event``'s fields, and ``content`` and ``delta`` opened."""
+    return Event(
+        author=event.author,
+        content=content,
+        invocation_id=event.invocation_id,
+        state_delta=delta,
+        tokens=event.tokens,
+        id=event.id,
+        timestamp=event.timestamp,
+        seq=event.seq,
+    )

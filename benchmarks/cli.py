@@ -25,10 +25,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=(
             "durable-sessions side by side with Google ADK's DatabaseSessionService, "
             "durable-sessions through its ADK adapter and the "
-            "raw driver floor, on SQLite and Postgres; scaling curves."
+            "raw driver floor, on SQLite and Postgres (or MySQL/MariaDB); scaling curves."
         ),
     )
-    parser.add_argument("--backend", choices=[*BACKENDS, "all"], default="all")
+    parser.add_argument(
+        "--backend",
+        choices=[*BACKENDS, "mysql", "all"],
+        default="all",
+        help="all: SQLite and Postgres; mysql: MariaDB or MySQL at "
+        "$DURABLE_SESSIONS_BENCH_MYSQL_URL (default mysql+asyncmy://root@127.0.0.1:3306)",
+    )
     parser.add_argument(
         "--duration", type=float, default=3.0, help="seconds per workload (default 3)"
     )
@@ -75,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     args = parser.parse_args(argv)
+    if args.backend == "mysql" and (args.scaling or args.scaling_only or args.distributed):
+        parser.error("on mysql only the side by side runs (no --scaling, no --distributed)")
     args.backends = list(BACKENDS) if args.backend == "all" else [args.backend]
     args.workloads = [w for w in args.only.split(",") if w] or list(WORKLOADS)
     unknown = set(args.workloads) - set(WORKLOADS)

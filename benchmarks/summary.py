@@ -66,7 +66,7 @@ def side_by_side(results_dir: Path) -> str | None:
         for r in data["side_by_side"]
     }
     out = []
-    for backend in ("postgres", "sqlite"):
+    for backend in ("postgres", "sqlite", "mysql"):
         if not any(k[0] == backend for k in by):
             continue
         out += [
@@ -90,7 +90,7 @@ def side_by_side(results_dir: Path) -> str | None:
 
 
 _IMPLS = ("durable-sessions", "google-adk", "adk-adapter")
-BACKEND_NAMES = {"postgres": "Postgres", "sqlite": "SQLite"}
+BACKEND_NAMES = {"postgres": "Postgres", "sqlite": "SQLite", "mysql": "MariaDB"}
 
 
 def scaling(results_dir: Path) -> str | None:

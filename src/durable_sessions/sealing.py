@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import functools
+import hashlib
 import hmac
 import json
 import secrets
@@ -235,6 +236,25 @@ _MISS: Any = object()
 _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
 
+_KeptEvent = tuple[
+    str, Any, bool, dict[str, Any], dict[str, Any] | None, dict[str, tuple[Any, bool]]
+]
+
+
+def kept_event(
+    kept: _KeptEvent | None, event_id: str, sealed_delta: dict[str, Any]
+) -> tuple[Any, dict[str, Any]] | None:
+    """The opened content and state delta of a kept event (``OpenedValues.events``) when it
+    is the event ``event_id`` with exactly this sealed delta; None otherwise."""
+    if kept is None or kept[0] != event_id or kept[3] != sealed_delta:
+        return None
+    content = from_json(kept[1]) if kept[2] else kept[1]
+    plain = kept[4]
+    if plain is not None:
+        return content, plain.copy()
+    return content, {k: from_json(v) if t else v for k, (v, t) in kept[5].items()}
+
+
 class OpenedValues:
     """Values a store's data keys sealed or opened lately, by sealed text and associated data
     (and their sealed texts, by data key, associated data and JSON text).
@@ -257,7 +277,7 @@ class OpenedValues:
     KEEP_VALUES = 100_000
     """How many values are kept at most."""
 
-    __slots__ = ("_chars", "_entries", "_sealed")
+    __slots__ = ("_chars", "_entries", "_event_count", "_events", "_sealed")
 
     def __init__(self) -> None:
         # (data key, associated data, JSON text) -> the sealed text: sealing is deterministic
@@ -266,6 +286,12 @@ class OpenedValues:
         # (sealed text, associated data) -> (the data key, the value or its JSON text, whether
         # it is the text)
         self._entries: dict[tuple[str, bytes], tuple[DataKey, Any, bool]] = {}
+        # (organisation, session) -> sealed content -> a whole event's kept values: its id,
+        # its content (the value or its JSON text, whether it is the text), its sealed state
+        # delta as stored, and that delta's values (a dict to copy when none is a JSON text;
+        # otherwise None, and each value by key, with whether it is its JSON text).
+        self._events: dict[tuple[str, str], dict[str, _KeptEvent]] = {}
+        self._event_count = 0
         self._chars = 0
 
     def get(self, key: DataKey, token: str, aad: bytes) -> Any:
@@ -309,9 +335,43 @@ class OpenedValues:
         self._sealed[(key, aad, text)] = token
         self._chars += len(token) + 2 * len(text)
 
+    def keep_event(
+        self, org_id: str, session_id: str, event_id: str, token: str, sealed_delta: dict[str, Any]
+    ) -> None:
+        """Keep an event of a session whose sealed content (``token``) and state delta
+        (``sealed_delta``) are kept value by value: ``events`` then opens it in one lookup."""
+        entries = self._entries
+        at = _aad_part(org_id) + _aad_part(session_id) + _aad_part(event_id)
+        content = entries.get((token, _CONTENT_AAD + at))
+        if content is None:
+            return
+        values: dict[str, tuple[Any, bool]] = {}
+        head = _DELTA_AAD + at
+        for k, v in sealed_delta.items():
+            kept = entries.get((v, head + _aad_part(k))) if type(v) is str else None
+            if kept is None:
+                return
+            values[k] = (kept[1], kept[2])
+        texts = any(is_text for _, is_text in values.values())
+        plain = None if texts else {k: v for k, (v, _) in values.items()}
+        if self._event_count >= self.KEEP_VALUES:
+            self.clear()
+        session = self._events.setdefault((org_id, session_id), {})
+        if token not in session:
+            self._event_count += 1
+        session[token] = (event_id, content[1], content[2], dict(sealed_delta), plain, values)
+        self._chars += len(token) + sum(len(v) for v in sealed_delta.values())
+
+    def events(self, org_id: str, session_id: str) -> dict[str, _KeptEvent]:
+        """The events of a session kept (``keep_event``), by sealed content (read with
+        ``kept_event``)."""
+        return self._events.get((org_id, session_id)) or {}
+
     def clear(self) -> None:
         """Drop every kept value."""
         self._entries.clear()
+        self._events.clear()
+        self._event_count = 0
         self._sealed.clear()
         self._chars = 0
 
@@ -331,7 +391,9 @@ class DataKey:
     there, and opening one kept is decoding its JSON text (or nothing, for a scalar).
     """
 
-    __slots__ = ("_aead", "_nonce", "_opened", "_terms", "index", "key_id", "kind", "owner")
+    __slots__ = (
+        "_aead", "_index_mac", "_nonce", "_opened", "_terms", "index", "key_id", "kind", "owner",
+    )  # fmt: skip
 
     TERMS_KEPT = 65_536
     """How many words' blind index terms an index key keeps computed (then starts again)."""
@@ -351,10 +413,16 @@ class DataKey:
         self.kind = kind
         self.owner = owner
         self._aead = AESGCM(derived[:32])
-        self._nonce = derived[32:64]
+        self._nonce = hmac.new(derived[32:64], digestmod=hashlib.sha256)
         self._opened = opened
         self._terms: dict[str, str] = {}
         self.index = derived[64:]
+        self._index_mac = hmac.new(self.index, digestmod=hashlib.sha256)
+
+    @property
+    def opened(self) -> OpenedValues | None:
+        """Where the values this key seals and opens are kept; None when they are not."""
+        return self._opened
 
     def seal(self, value: Any, aad: bytes) -> str:
         """Encrypt a JSON value for the row ``aad`` names."""
@@ -365,7 +433,9 @@ class DataKey:
             if kept is not None:
                 return kept
         plain = text.encode("utf-8", "surrogatepass")
-        nonce = hmac.digest(self._nonce, aad + b"\x00" + plain, "sha256")[:12]
+        mac = self._nonce.copy()  # HMAC-SHA256 under the nonce key, its key set up once
+        mac.update(aad + b"\x00" + plain)
+        nonce = mac.digest()[:12]
         sealed = nonce + self._aead.encrypt(nonce, plain, aad)
         token = f"{PREFIX}{self.key_id}:{binascii.b2a_base64(sealed, newline=False).decode()}"
         if opened is not None:
@@ -406,7 +476,9 @@ class DataKey:
         kept = self._terms.get(word)
         if kept is not None:
             return kept
-        digest = hmac.digest(self.index, word.encode("utf-8", "surrogatepass"), "sha256")
+        mac = self._index_mac.copy()
+        mac.update(word.encode("utf-8", "surrogatepass"))
+        digest = mac.digest()
         found = digest[:8].hex().translate(_LETTERS)
         if len(self._terms) >= self.TERMS_KEPT:
             self._terms.clear()
@@ -821,15 +893,20 @@ class Envelope:
         delta: ScopedDelta,
     ) -> ScopedDelta:
         """A delta with its set values sealed (deletes and expected values as they were)."""
-        sealed = replace(
-            delta,
-            private_set=self.seal_private(user_key, org_id, session_id, delta.private_set),
-            user_set=self.seal_user(user_key, org_id, app_name, user_id, delta.user_set),
-        )
-        if delta.app_set:
+        app_set = delta.app_set
+        if app_set:
             assert app_key is not None
-            sealed.app_set = self.seal_app(app_key, org_id, app_name, delta.app_set)
-        return sealed
+            app_set = self.seal_app(app_key, org_id, app_name, app_set)
+        return ScopedDelta(
+            self.seal_private(user_key, org_id, session_id, delta.private_set),
+            delta.private_deleted,
+            self.seal_user(user_key, org_id, app_name, user_id, delta.user_set),
+            delta.user_deleted,
+            app_set,
+            delta.app_deleted,
+            delta.user_expected,
+            delta.app_expected,
+        )
 
     def seal_event(
         self,
@@ -841,11 +918,16 @@ class Envelope:
     ) -> SealedEvent:
         """A copy of an event with its content and state delta sealed (and its blind index
         text, ``Sealer.blind_text``)."""
+        content = self.seal_content(key, org_id, session_id, event.id, event.content)
+        delta = self.seal_delta(key, org_id, session_id, event.id, event.state_delta)
+        opened = key.opened
+        if opened is not None and content is not None:
+            opened.keep_event(org_id, session_id, event.id, content, delta)
         return SealedEvent(
             author=event.author,
-            content=self.seal_content(key, org_id, session_id, event.id, event.content),
+            content=content,
             invocation_id=event.invocation_id,
-            state_delta=self.seal_delta(key, org_id, session_id, event.id, event.state_delta),
+            state_delta=delta,
             tokens=event.tokens,
             id=event.id,
             timestamp=event.timestamp,
@@ -965,17 +1047,27 @@ class Envelope:
         # the first three parts.
         session = _aad_part(org_id) + _aad_part(session_id)
         content_head, delta_head = _CONTENT_AAD + session, _DELTA_AAD + session
-        open_ = self.sealer.opened.opener(functools.partial(self.sealer.open_now, org_id))
-        part = _aad_part
-        out = []
+        opened = self.sealer.opened
+        open_ = opened.opener(functools.partial(self.sealer.open_now, org_id))
+        kept, part = opened.events(org_id, session_id), _aad_part
+        out: list[tuple[Any, dict[str, Any]]] = []
         for event in events:
+            content, delta = event.content, event.state_delta or {}
+            if type(content) is str:
+                found = kept_event(kept.get(content), event.id, delta)
+                if found is not None:
+                    out.append(found)
+                    continue
             at = part(event.id)
-            content = open_(event.content, content_head + at)
-            delta = event.state_delta
+            opened_content = open_(content, content_head + at)
             if delta:
                 at = delta_head + at
-                delta = {k: open_(v, at + part(k)) for k, v in delta.items()}
-            out.append((content, delta or {}))
+                opened_delta = {k: open_(v, at + part(k)) for k, v in delta.items()}
+            else:
+                opened_delta = {}
+            if type(content) is str:
+                opened.keep_event(org_id, session_id, event.id, content, delta)
+            out.append((opened_content, opened_delta))
         return out
 
     def _event_now(self, org_id: str, session_id: str, event: Event) -> Event:

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from durable_sessions import DecryptionError, InvalidArgumentError, StoreError
+from durable_sessions import DecryptionError, Event, InvalidArgumentError, StoreError
 from durable_sessions.crypto import Keyring, LocalKeyring
 from durable_sessions.sealing import (
     INDEX,
     USER,
     DataKey,
+    Envelope,
     MemoryKeyTable,
     OpenedValues,
     Sealer,
@@ -163,6 +164,45 @@ def test_kept_values_are_bounded() -> None:
     for n in range(OpenedValues.KEEP_VALUES + 1):
         key.seal(n, aad)
     assert len(opened) == 1  # as many small values as it keeps, then one more
+
+
+def _stored(event: Event, **changes: object) -> Event:
+    """A sealed event as read back from a database: a plain Event of fresh values."""
+    fields = {
+        "content": event.content, "state_delta": dict(event.state_delta), "id": event.id,
+    } | changes  # fmt: skip
+    return Event("user", fields["content"], state_delta=fields["state_delta"], id=fields["id"])
+
+
+async def test_a_kept_event_opens_only_as_itself(tmp_path: Path) -> None:
+    # A sealed event is kept whole (one lookup opens it): its content and its delta still
+    # open only in their own row, unaltered, and each reader gets its own copy.
+    env = Envelope(Sealer(LocalKeyring(tmp_path / "keys.json"), MemoryKeyTable()))
+    key = await env.user_key("org", "alice")
+    one = Event("user", {"text": "my pin is 1234"}, state_delta={"a": 1, "b": {"x": [1]}})
+    two = Event("user", {"text": "hello"}, state_delta={"a": 2, "b": {"x": [2]}})
+    sealed = [env.seal_event(key, "org", "s1", event) for event in (one, two)]
+    first = await env.open_events("org", "s1", [_stored(e) for e in sealed])
+    assert [(e.content, e.state_delta) for e in first] == [
+        (one.content, one.state_delta), (two.content, two.state_delta),
+    ]  # fmt: skip
+    first[0].content["text"] = "changed by the reader"
+    first[0].state_delta["b"]["x"].append(9)
+    (again,) = await env.open_events("org", "s1", [_stored(sealed[0])])
+    assert (again.content, again.state_delta) == (one.content, one.state_delta)
+    other_a = sealed[1].state_delta["a"]
+    with pytest.raises(DecryptionError):  # a delta value of another event
+        await env.open_events(
+            "org", "s1", [_stored(sealed[0], state_delta={**sealed[0].state_delta, "a": other_a})]
+        )
+    with pytest.raises(DecryptionError):  # the content under another event's id
+        await env.open_events("org", "s1", [_stored(sealed[0], id=sealed[1].id)])
+    with pytest.raises(DecryptionError):  # in another session
+        await env.open_events("org", "s2", [_stored(sealed[0])])
+    content = sealed[0].content
+    tampered = content[:-4] + ("AAAA" if not content.endswith("AAAA") else "BBBB")
+    with pytest.raises(DecryptionError):
+        await env.open_events("org", "s1", [_stored(sealed[0], content=tampered)])
 
 
 async def test_forgetting_a_scope_drops_the_kept_values(tmp_path: Path) -> None:

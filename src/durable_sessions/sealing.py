@@ -236,23 +236,19 @@ _MISS: Any = object()
 _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
 
-_KeptEvent = tuple[
-    str, Any, bool, dict[str, Any], dict[str, Any] | None, dict[str, tuple[Any, bool]]
-]
+_KeptEvent = tuple[str, dict[str, Any], str, str]
+"""A kept event: its id, its sealed state delta as stored, and the JSON texts of its opened
+content and state delta."""
 
 
-def kept_event(
+def _open_kept(
     kept: _KeptEvent | None, event_id: str, sealed_delta: dict[str, Any]
 ) -> tuple[Any, dict[str, Any]] | None:
     """The opened content and state delta of a kept event (``OpenedValues.events``) when it
     is the event ``event_id`` with exactly this sealed delta; None otherwise."""
-    if kept is None or kept[0] != event_id or kept[3] != sealed_delta:
+    if kept is None or kept[0] != event_id or kept[1] != sealed_delta:
         return None
-    content = from_json(kept[1]) if kept[2] else kept[1]
-    plain = kept[4]
-    if plain is not None:
-        return content, plain.copy()
-    return content, {k: from_json(v) if t else v for k, (v, t) in kept[5].items()}
+    return from_json(kept[2]), from_json(kept[3])
 
 
 class OpenedValues:
@@ -286,10 +282,7 @@ class OpenedValues:
         # (sealed text, associated data) -> (the data key, the value or its JSON text, whether
         # it is the text)
         self._entries: dict[tuple[str, bytes], tuple[DataKey, Any, bool]] = {}
-        # (organisation, session) -> sealed content -> a whole event's kept values: its id,
-        # its content (the value or its JSON text, whether it is the text), its sealed state
-        # delta as stored, and that delta's values (a dict to copy when none is a JSON text;
-        # otherwise None, and each value by key, with whether it is its JSON text).
+        # (organisation, session) -> sealed content -> the event kept (``_KeptEvent``)
         self._events: dict[tuple[str, str], dict[str, _KeptEvent]] = {}
         self._event_count = 0
         self._chars = 0
@@ -345,26 +338,27 @@ class OpenedValues:
         content = entries.get((token, _CONTENT_AAD + at))
         if content is None:
             return
-        values: dict[str, tuple[Any, bool]] = {}
+        delta = {}
         head = _DELTA_AAD + at
         for k, v in sealed_delta.items():
             kept = entries.get((v, head + _aad_part(k))) if type(v) is str else None
             if kept is None:
                 return
-            values[k] = (kept[1], kept[2])
-        texts = any(is_text for _, is_text in values.values())
-        plain = None if texts else {k: v for k, (v, _) in values.items()}
+            delta[k] = from_json(kept[1]) if kept[2] else kept[1]
+        content_text = content[1] if content[2] else to_json(content[1])
+        delta_text = to_json(delta)
         if self._event_count >= self.KEEP_VALUES:
             self.clear()
         session = self._events.setdefault((org_id, session_id), {})
         if token not in session:
             self._event_count += 1
-        session[token] = (event_id, content[1], content[2], dict(sealed_delta), plain, values)
-        self._chars += len(token) + sum(len(v) for v in sealed_delta.values())
+        session[token] = (event_id, dict(sealed_delta), content_text, delta_text)
+        self._chars += len(token) + len(content_text) + len(delta_text)
+        self._chars += sum(len(v) for v in sealed_delta.values())
 
     def events(self, org_id: str, session_id: str) -> dict[str, _KeptEvent]:
-        """The events of a session kept (``keep_event``), by sealed content (read with
-        ``kept_event``)."""
+        """The events of a session kept (``keep_event``), by sealed content (opened with
+        ``_open_kept``)."""
         return self._events.get((org_id, session_id)) or {}
 
     def clear(self) -> None:
@@ -392,7 +386,7 @@ class DataKey:
     """
 
     __slots__ = (
-        "_aead", "_index_mac", "_nonce", "_opened", "_terms", "index", "key_id", "kind", "owner",
+        "_aead", "_index_mac", "_nonce_mac", "_opened", "_terms", "key_id", "kind", "owner",
     )  # fmt: skip
 
     TERMS_KEPT = 65_536
@@ -413,11 +407,12 @@ class DataKey:
         self.kind = kind
         self.owner = owner
         self._aead = AESGCM(derived[:32])
-        self._nonce = hmac.new(derived[32:64], digestmod=hashlib.sha256)
+        # HMAC-SHA256 under the nonce key and under the index key, each keyed once here and
+        # copied for each value or word.
+        self._nonce_mac = hmac.new(derived[32:64], digestmod=hashlib.sha256)
         self._opened = opened
         self._terms: dict[str, str] = {}
-        self.index = derived[64:]
-        self._index_mac = hmac.new(self.index, digestmod=hashlib.sha256)
+        self._index_mac = hmac.new(derived[64:], digestmod=hashlib.sha256)
 
     @property
     def opened(self) -> OpenedValues | None:
@@ -433,7 +428,7 @@ class DataKey:
             if kept is not None:
                 return kept
         plain = text.encode("utf-8", "surrogatepass")
-        mac = self._nonce.copy()  # HMAC-SHA256 under the nonce key, its key set up once
+        mac = self._nonce_mac.copy()
         mac.update(aad + b"\x00" + plain)
         nonce = mac.digest()[:12]
         sealed = nonce + self._aead.encrypt(nonce, plain, aad)
@@ -1053,8 +1048,9 @@ class Envelope:
         out: list[tuple[Any, dict[str, Any]]] = []
         for event in events:
             content, delta = event.content, event.state_delta or {}
-            if type(content) is str:
-                found = kept_event(kept.get(content), event.id, delta)
+            sealed = type(content) is str
+            if sealed:
+                found = _open_kept(kept.get(content), event.id, delta)
                 if found is not None:
                     out.append(found)
                     continue
@@ -1065,7 +1061,7 @@ class Envelope:
                 opened_delta = {k: open_(v, at + part(k)) for k, v in delta.items()}
             else:
                 opened_delta = {}
-            if type(content) is str:
+            if sealed:
                 opened.keep_event(org_id, session_id, event.id, content, delta)
             out.append((opened_content, opened_delta))
         return out

@@ -236,19 +236,32 @@ _MISS: Any = object()
 _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
 
-_KeptEvent = tuple[str, dict[str, Any], str, str]
-"""A kept event: its id, its sealed state delta as stored, and the JSON texts of its opened
-content and state delta."""
+_Kept = tuple[Callable[[Any], Any], Any]
+"""A value kept opened: a function and its argument, which give a fresh copy of the value."""
 
 
-def _open_kept(
-    kept: _KeptEvent | None, event_id: str, sealed_delta: dict[str, Any]
-) -> tuple[Any, dict[str, Any]] | None:
-    """The opened content and state delta of a kept event (``OpenedValues.events``) when it
-    is the event ``event_id`` with exactly this sealed delta; None otherwise."""
-    if kept is None or kept[0] != event_id or kept[1] != sealed_delta:
-        return None
-    return from_json(kept[2]), from_json(kept[3])
+def _same(value: Any) -> Any:
+    return value
+
+
+def _kept(value: Any, text: str | None = None) -> _Kept:
+    """How a JSON value is kept (``_Kept``): itself when immutable, a copy to copy again when
+    a dict of immutable values, else its JSON text (``text``, or made) to decode."""
+    kind = type(value)
+    if kind in _IMMUTABLE:
+        return _same, value
+    if kind is dict:
+        for k, v in value.items():
+            if type(k) is not str or type(v) not in _IMMUTABLE:
+                break
+        else:
+            return dict.copy, dict(value)
+    return from_json, to_json(value) if text is None else text
+
+
+_KeptEvent = tuple[str, dict[str, Any], _Kept, _Kept]
+"""A kept event: its id, its sealed state delta as stored, its opened content and state
+delta (``_Kept``)."""
 
 
 class OpenedValues:
@@ -267,7 +280,7 @@ class OpenedValues:
     """
 
     KEEP_VALUE_CHARS = 16_384
-    """The longest JSON text of one value that is kept."""
+    """The longest JSON text of one value that is kept (of an event, its sealed texts)."""
     KEEP_CHARS = 16 * 1024 * 1024
     """How much sealed and JSON text is kept at most, in characters."""
     KEEP_VALUES = 100_000
@@ -329,36 +342,32 @@ class OpenedValues:
         self._chars += len(token) + 2 * len(text)
 
     def keep_event(
-        self, org_id: str, session_id: str, event_id: str, token: str, sealed_delta: dict[str, Any]
+        self,
+        org_id: str,
+        session_id: str,
+        event_id: str,
+        token: str,
+        sealed_delta: dict[str, Any],
+        content: _Kept,
+        delta: _Kept,
     ) -> None:
-        """Keep an event of a session whose sealed content (``token``) and state delta
-        (``sealed_delta``) are kept value by value: ``events`` then opens it in one lookup."""
-        entries = self._entries
-        at = _aad_part(org_id) + _aad_part(session_id) + _aad_part(event_id)
-        content = entries.get((token, _CONTENT_AAD + at))
-        if content is None:
+        """Keep an event of a session: its sealed content (``token``) and state delta
+        (``sealed_delta``), and what they open to (``_kept``); ``events`` then opens it in
+        one lookup. Not kept when its sealed texts are over ``KEEP_VALUE_CHARS`` together."""
+        size = len(token) + sum([len(v) for v in sealed_delta.values() if type(v) is str])
+        if size > self.KEEP_VALUE_CHARS:
             return
-        delta = {}
-        head = _DELTA_AAD + at
-        for k, v in sealed_delta.items():
-            kept = entries.get((v, head + _aad_part(k))) if type(v) is str else None
-            if kept is None:
-                return
-            delta[k] = from_json(kept[1]) if kept[2] else kept[1]
-        content_text = content[1] if content[2] else to_json(content[1])
-        delta_text = to_json(delta)
-        if self._event_count >= self.KEEP_VALUES:
+        if self._chars > self.KEEP_CHARS or self._event_count >= self.KEEP_VALUES:
             self.clear()
         session = self._events.setdefault((org_id, session_id), {})
         if token not in session:
             self._event_count += 1
-        session[token] = (event_id, dict(sealed_delta), content_text, delta_text)
-        self._chars += len(token) + len(content_text) + len(delta_text)
-        self._chars += sum(len(v) for v in sealed_delta.values())
+        session[token] = (event_id, dict(sealed_delta), content, delta)
+        self._chars += 2 * size  # the sealed texts, and at most as much opened
 
     def events(self, org_id: str, session_id: str) -> dict[str, _KeptEvent]:
-        """The events of a session kept (``keep_event``), by sealed content (opened with
-        ``_open_kept``)."""
+        """The events of a session kept (``keep_event``), by sealed content: a hit is the
+        event when its id and sealed state delta are the ones kept."""
         return self._events.get((org_id, session_id)) or {}
 
     def clear(self) -> None:
@@ -387,6 +396,7 @@ class DataKey:
 
     __slots__ = (
         "_aead", "_index_mac", "_nonce_mac", "_opened", "_terms", "key_id", "kind", "owner",
+        "sealed_head",
     )  # fmt: skip
 
     TERMS_KEPT = 65_536
@@ -404,6 +414,8 @@ class DataKey:
             algorithm=hashes.SHA256(), length=96, salt=None, info=b"durable-sessions data key"
         ).derive(material)
         self.key_id = key_id
+        self.sealed_head = f"{PREFIX}{key_id}:"
+        """What every value this key sealed begins with."""
         self.kind = kind
         self.owner = owner
         self._aead = AESGCM(derived[:32])
@@ -427,15 +439,19 @@ class DataKey:
             kept = opened.sealed(self, aad, text)
             if kept is not None:
                 return kept
+        token = self.seal_text(text, aad)
+        if opened is not None:
+            opened.keep(self, token, aad, text, value)
+        return token
+
+    def seal_text(self, text: str, aad: bytes) -> str:
+        """Encrypt a value's JSON text for the row ``aad`` names (nothing kept)."""
         plain = text.encode("utf-8", "surrogatepass")
         mac = self._nonce_mac.copy()
         mac.update(aad + b"\x00" + plain)
         nonce = mac.digest()[:12]
         sealed = nonce + self._aead.encrypt(nonce, plain, aad)
-        token = f"{PREFIX}{self.key_id}:{binascii.b2a_base64(sealed, newline=False).decode()}"
-        if opened is not None:
-            opened.keep(self, token, aad, text, value)
-        return token
+        return self.sealed_head + binascii.b2a_base64(sealed, newline=False).decode()
 
     def open(self, token: str, aad: bytes) -> Any:
         """Decrypt a value this key sealed for the row ``aad`` names."""
@@ -444,19 +460,24 @@ class DataKey:
             value = opened.get(self, token, aad)
             if value is not _MISS:
                 return value
+        text = self.open_text(token, aad)
+        value = from_json(text)
+        if opened is not None:
+            opened.keep(self, token, aad, text, value)
+        return value
+
+    def open_text(self, token: str, aad: bytes) -> str:
+        """Decrypt a value this key sealed for the row ``aad`` names, to its JSON text
+        (nothing kept)."""
         try:
-            raw = binascii.a2b_base64(token[len(PREFIX) + len(self.key_id) + 1 :])
+            raw = binascii.a2b_base64(token[len(self.sealed_head) :])
             plain = self._aead.decrypt(raw[:12], raw[12:], aad)
         except (InvalidTag, ValueError, binascii.Error):
             raise DecryptionError(
                 f"a stored value does not decrypt with data key {self.key_id!r}: it was "
                 "altered, or moved from another row"
             ) from None
-        text = plain.decode("utf-8", "surrogatepass")
-        value = from_json(text)
-        if opened is not None:
-            opened.keep(self, token, aad, text, value)
-        return value
+        return plain.decode("utf-8", "surrogatepass")
 
     def blind(self, content: Any) -> str:
         """An event content's blind index text: the terms of its words, in order."""
@@ -666,11 +687,18 @@ class Sealer:
         """
         if not (isinstance(value, str) and value.startswith(PREFIX)):
             return value
-        key_id = key_id_of(value)
+        return self.unwrapped(org_id, key_id_of(value)).open(value, aad)
+
+    def unwrapped(self, org_id: str, key_id: str) -> DataKey:
+        """A data key this process has unwrapped already, without suspending.
+
+        Raises:
+            KeyNeeded: it is not unwrapped yet (``key_by_id`` fetches it).
+        """
         key = self._by_id.get((org_id, key_id))
         if key is None:
             raise KeyNeeded(key_id)
-        return key.open(value, aad)
+        return key
 
     async def open(self, org_id: str, value: Any, aad: bytes) -> Any:
         """Decrypt a stored value (plaintext, written without a keyring, passes through)."""
@@ -913,11 +941,27 @@ class Envelope:
     ) -> SealedEvent:
         """A copy of an event with its content and state delta sealed (and its blind index
         text, ``Sealer.blind_text``)."""
-        content = self.seal_content(key, org_id, session_id, event.id, event.content)
-        delta = self.seal_delta(key, org_id, session_id, event.id, event.state_delta)
         opened = key.opened
-        if opened is not None and content is not None:
-            opened.keep_event(org_id, session_id, event.id, content, delta)
+        if event.content is None or opened is None:
+            content = self.seal_content(key, org_id, session_id, event.id, event.content)
+            delta = self.seal_delta(key, org_id, session_id, event.id, event.state_delta)
+        else:
+            # Sealed from JSON texts made once, and the event kept.
+            at = _aad_part(org_id) + _aad_part(session_id) + _aad_part(event.id)
+            content_text = to_json(event.content)
+            content = key.seal_text(content_text, _CONTENT_AAD + at)
+            texts = {k: to_json(v) for k, v in event.state_delta.items()}
+            head = _DELTA_AAD + at
+            delta = {k: key.seal_text(t, head + _aad_part(k)) for k, t in texts.items()}
+            opened.keep_event(
+                org_id,
+                session_id,
+                event.id,
+                content,
+                delta,
+                _kept(event.content, content_text),
+                _kept(event.state_delta),
+            )
         return SealedEvent(
             author=event.author,
             content=content,
@@ -1042,27 +1086,54 @@ class Envelope:
         # the first three parts.
         session = _aad_part(org_id) + _aad_part(session_id)
         content_head, delta_head = _CONTENT_AAD + session, _DELTA_AAD + session
-        opened = self.sealer.opened
-        open_ = opened.opener(functools.partial(self.sealer.open_now, org_id))
+        sealer = self.sealer
+        opened, unwrapped = sealer.opened, sealer.unwrapped
+        open_ = opened.opener(functools.partial(sealer.open_now, org_id))
         kept, part = opened.events(org_id, session_id), _aad_part
+        # The data key of the last value opened, and the head of the values it sealed.
+        key: DataKey | None = None
+        sealed_by = "\x00"
         out: list[tuple[Any, dict[str, Any]]] = []
         for event in events:
             content, delta = event.content, event.state_delta or {}
-            sealed = type(content) is str
-            if sealed:
-                found = _open_kept(kept.get(content), event.id, delta)
-                if found is not None:
-                    out.append(found)
-                    continue
+            if type(content) is not str or not content.startswith(PREFIX):
+                # Not sealed (written without a keyring): passed through, as are its delta's
+                # values unless sealed since.
+                head = delta_head + part(event.id)
+                out.append((content, {k: open_(v, head + part(k)) for k, v in delta.items()}))
+                continue
+            found = kept.get(content)
+            if found is not None and found[0] == event.id and found[1] == delta:
+                # Kept, as this very event: a copy of what it opens to.
+                (copy_content, kept_content), (copy_delta, kept_delta) = found[2], found[3]
+                out.append((copy_content(kept_content), copy_delta(kept_delta)))
+                continue
+            # Opened, and the event kept.
             at = part(event.id)
-            opened_content = open_(content, content_head + at)
-            if delta:
-                at = delta_head + at
-                opened_delta = {k: open_(v, at + part(k)) for k, v in delta.items()}
-            else:
-                opened_delta = {}
-            if sealed:
-                opened.keep_event(org_id, session_id, event.id, content, delta)
+            if key is None or not content.startswith(sealed_by):
+                key = unwrapped(org_id, key_id_of(content))
+                sealed_by = key.sealed_head
+            content_text = key.open_text(content, content_head + at)
+            head = delta_head + at
+            opened_delta = {}
+            for k, v in delta.items():
+                if type(v) is not str or not v.startswith(PREFIX):
+                    opened_delta[k] = v
+                    continue
+                if not v.startswith(sealed_by):
+                    key = unwrapped(org_id, key_id_of(v))
+                    sealed_by = key.sealed_head
+                opened_delta[k] = from_json(key.open_text(v, head + part(k)))
+            opened_content = from_json(content_text)
+            opened.keep_event(
+                org_id,
+                session_id,
+                event.id,
+                content,
+                delta,
+                _kept(opened_content, content_text),
+                _kept(opened_delta),
+            )
             out.append((opened_content, opened_delta))
         return out
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import stat
+from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from durable_sessions import DecryptionError, Event, InvalidArgumentError, StoreError
 from durable_sessions.crypto import Keyring, LocalKeyring
+from durable_sessions.jsoncodec import from_json, to_json
 from durable_sessions.sealing import (
     INDEX,
     USER,
@@ -203,6 +207,84 @@ async def test_a_kept_event_opens_only_as_itself(tmp_path: Path) -> None:
     tampered = content[:-4] + ("AAAA" if not content.endswith("AAAA") else "BBBB")
     with pytest.raises(DecryptionError):
         await env.open_events("org", "s1", [_stored(sealed[0], content=tampered)])
+
+
+class _Tone(StrEnum):
+    CALM = "calm"
+
+
+@pytest.mark.parametrize(
+    ("content", "delta"),
+    [
+        ({"text": "flat", "n": 1e16, "ok": True}, {"a": 1, "b": None}),
+        ({"parts": [{"text": "nested"}], "role": "user"}, {"b": {"x": [1]}}),
+        ("a plain text", {}),
+        ({"tone": _Tone.CALM}, {"tone": _Tone.CALM}),
+    ],
+    ids=["flat", "nested", "text", "str-subclass"],
+)
+async def test_a_kept_event_is_its_own_copy_written_or_read(
+    tmp_path: Path, content: Any, delta: dict[str, Any]
+) -> None:
+    # What every reader gets is the stored value, in plain JSON types, whether the event was
+    # kept as it was written, as it was first read, or not at all: changing the written
+    # event or what a read gave changes no later read.
+    env = Envelope(Sealer(LocalKeyring(tmp_path / "keys.json"), MemoryKeyTable()))
+    key = await env.user_key("org", "alice")
+    stored = (from_json(to_json(content)), from_json(to_json(delta)))
+    event = Event("user", copy.deepcopy(content), state_delta=copy.deepcopy(delta))
+    sealed = env.seal_event(key, "org", "s1", event)
+    if isinstance(event.content, dict):
+        event.content.clear()
+    event.state_delta["new"] = 1
+
+    def shape(value: Any) -> str:
+        return repr(value) + repr(type(value))
+
+    for cold in (False, True):
+        if cold:
+            env.sealer.opened.clear()
+        for _ in range(2):  # the first read of a cold key keeps it; the second finds it
+            (read,) = await env.open_events("org", "s1", [_stored(sealed)])
+            assert shape((read.content, read.state_delta)) == shape(stored)
+            assert [type(v) for v in read.state_delta.values()] == [
+                type(v) for v in stored[1].values()
+            ]
+            if isinstance(read.content, dict):
+                read.content["x"] = "changed by the reader"
+                for v in read.content.values():
+                    if isinstance(v, list):
+                        v.append("changed")
+            read.state_delta["x"] = "changed by the reader"
+            for v in read.state_delta.values():
+                if isinstance(v, dict):
+                    v.clear()
+
+
+async def test_an_event_with_a_delta_value_in_clear_opens_as_stored(tmp_path: Path) -> None:
+    # A delta value written without a keyring beside sealed content passes through, read
+    # cold or kept.
+    env = Envelope(Sealer(LocalKeyring(tmp_path / "keys.json"), MemoryKeyTable()))
+    key = await env.user_key("org", "alice")
+    sealed = env.seal_event(key, "org", "s1", Event("user", {"t": 1}, state_delta={"a": 1}))
+    mixed = _stored(sealed, state_delta={**sealed.state_delta, "clear": [1, 2]})
+    env.sealer.opened.clear()
+    for _ in range(2):
+        (read,) = await env.open_events("org", "s1", [_stored(mixed)])
+        assert (read.content, read.state_delta) == ({"t": 1}, {"a": 1, "clear": [1, 2]})
+        read.state_delta["clear"].append(3)
+
+
+async def test_an_event_too_long_to_keep_opens_each_time(tmp_path: Path) -> None:
+    env = Envelope(Sealer(LocalKeyring(tmp_path / "keys.json"), MemoryKeyTable()))
+    key = await env.user_key("org", "alice")
+    big = {"text": "x" * OpenedValues.KEEP_VALUE_CHARS}
+    sealed = env.seal_event(key, "org", "s1", Event("user", big))
+    assert env.sealer.opened.events("org", "s1") == {}
+    for _ in range(2):
+        (read,) = await env.open_events("org", "s1", [_stored(sealed)])
+        assert read.content == big
+        assert env.sealer.opened.events("org", "s1") == {}
 
 
 async def test_forgetting_a_scope_drops_the_kept_values(tmp_path: Path) -> None:

@@ -236,32 +236,46 @@ _MISS: Any = object()
 _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
 
-_Kept = tuple[Callable[[Any], Any], Any]
-"""A value kept opened: a function and its argument, which give a fresh copy of the value."""
-
-
 def _same(value: Any) -> Any:
     return value
 
 
-def _kept(value: Any, text: str | None = None) -> _Kept:
-    """How a JSON value is kept (``_Kept``): itself when immutable, a copy to copy again when
-    a dict of immutable values, else its JSON text (``text``, or made) to decode."""
+_copy_dict: Callable[[Any], Any] = dict.copy
+
+
+def _copier(value: Any) -> Callable[[Any], Any]:
+    """How a kept event gives a fresh copy of an opened value (``_kept_event``): the value
+    itself when immutable, a copy of a dict of immutable values, else its JSON text decoded."""
     kind = type(value)
     if kind in _IMMUTABLE:
-        return _same, value
+        return _same
     if kind is dict:
         for k, v in value.items():
             if type(k) is not str or type(v) not in _IMMUTABLE:
-                break
-        else:
-            return dict.copy, dict(value)
-    return from_json, to_json(value) if text is None else text
+                return from_json
+        return _copy_dict
+    return from_json
 
 
-_KeptEvent = tuple[str, dict[str, Any], _Kept, _Kept]
-"""A kept event: its id, its sealed state delta as stored, its opened content and state
-delta (``_Kept``)."""
+_KeptEvent = tuple[str, dict[str, Any], Callable[[Any], Any], Any, Callable[[Any], Any], Any]
+"""A kept event: its id, its sealed state delta as stored, then for its opened content and
+its opened state delta each, a function and what it is given to make a fresh copy."""
+
+
+def _kept_event(
+    event_id: str, sealed_delta: dict[str, Any], content: Any, content_text: str, delta: Any
+) -> _KeptEvent:
+    """An event to keep: what it opened to (``content``, whose JSON text is
+    ``content_text``, and ``delta``), held apart from those objects (``_copier``)."""
+    copy_content, copy_delta = _copier(content), _copier(delta)
+    return (
+        event_id,
+        dict(sealed_delta),
+        copy_content,
+        content_text if copy_content is from_json else copy_content(content),
+        copy_delta,
+        to_json(delta) if copy_delta is from_json else copy_delta(delta),
+    )
 
 
 class OpenedValues:
@@ -341,32 +355,30 @@ class OpenedValues:
         self._sealed[(key, aad, text)] = token
         self._chars += len(token) + 2 * len(text)
 
-    def keep_event(
-        self,
-        org_id: str,
-        session_id: str,
-        event_id: str,
-        token: str,
-        sealed_delta: dict[str, Any],
-        content: _Kept,
-        delta: _Kept,
+    def keep_events(
+        self, org_id: str, session_id: str, events: dict[str, _KeptEvent], size: int
     ) -> None:
-        """Keep an event of a session: its sealed content (``token``) and state delta
-        (``sealed_delta``), and what they open to (``_kept``); ``events`` then opens it in
-        one lookup. Not kept when its sealed texts are over ``KEEP_VALUE_CHARS`` together."""
-        size = len(token) + sum([len(v) for v in sealed_delta.values() if type(v) is str])
-        if size > self.KEEP_VALUE_CHARS:
+        """Keep events of a session (``_kept_event``), by sealed content; ``size`` is the
+        length of their sealed texts, each event's at most ``KEEP_VALUE_CHARS`` (the caller
+        leaves out longer ones). ``events`` then opens each in one lookup. Past ``KEEP_CHARS``
+        or ``KEEP_VALUES`` all is dropped first; more than those at once is not kept."""
+        if len(events) > self.KEEP_VALUES or 2 * size > self.KEEP_CHARS:
             return
-        if self._chars > self.KEEP_CHARS or self._event_count >= self.KEEP_VALUES:
+        if (
+            self._chars + 2 * size > self.KEEP_CHARS
+            or self._event_count + len(events) > self.KEEP_VALUES
+        ):
             self.clear()
-        session = self._events.setdefault((org_id, session_id), {})
-        if token not in session:
-            self._event_count += 1
-        session[token] = (event_id, dict(sealed_delta), content, delta)
+        kept = self._events.get((org_id, session_id))
+        if kept is None:
+            kept = self._events[(org_id, session_id)] = {}
+        before = len(kept)
+        kept.update(events)
+        self._event_count += len(kept) - before
         self._chars += 2 * size  # the sealed texts, and at most as much opened
 
     def events(self, org_id: str, session_id: str) -> dict[str, _KeptEvent]:
-        """The events of a session kept (``keep_event``), by sealed content: a hit is the
+        """The events of a session kept (``keep_events``), by sealed content: a hit is the
         event when its id and sealed state delta are the ones kept."""
         return self._events.get((org_id, session_id)) or {}
 
@@ -953,15 +965,10 @@ class Envelope:
             texts = {k: to_json(v) for k, v in event.state_delta.items()}
             head = _DELTA_AAD + at
             delta = {k: key.seal_text(t, head + _aad_part(k)) for k, t in texts.items()}
-            opened.keep_event(
-                org_id,
-                session_id,
-                event.id,
-                content,
-                delta,
-                _kept(event.content, content_text),
-                _kept(event.state_delta),
-            )
+            size = len(content) + sum([len(v) for v in delta.values()])
+            if size <= opened.KEEP_VALUE_CHARS:
+                kept = _kept_event(event.id, delta, event.content, content_text, event.state_delta)
+                opened.keep_events(org_id, session_id, {content: kept}, size)
         return SealedEvent(
             author=event.author,
             content=content,
@@ -1093,6 +1100,9 @@ class Envelope:
         # The data key of the last value opened, and the head of the values it sealed.
         key: DataKey | None = None
         sealed_by = "\x00"
+        # Events opened here, to keep (``_kept_event``), and their sealed texts' length.
+        to_keep: dict[str, _KeptEvent] = {}
+        to_keep_size, longest = 0, opened.KEEP_VALUE_CHARS
         out: list[tuple[Any, dict[str, Any]]] = []
         for event in events:
             content, delta = event.content, event.state_delta or {}
@@ -1105,8 +1115,7 @@ class Envelope:
             found = kept.get(content)
             if found is not None and found[0] == event.id and found[1] == delta:
                 # Kept, as this very event: a copy of what it opens to.
-                (copy_content, kept_content), (copy_delta, kept_delta) = found[2], found[3]
-                out.append((copy_content(kept_content), copy_delta(kept_delta)))
+                out.append((found[2](found[3]), found[4](found[5])))
                 continue
             # Opened, and the event kept.
             at = part(event.id)
@@ -1115,6 +1124,7 @@ class Envelope:
                 sealed_by = key.sealed_head
             content_text = key.open_text(content, content_head + at)
             head = delta_head + at
+            size = len(content)
             opened_delta = {}
             for k, v in delta.items():
                 if type(v) is not str or not v.startswith(PREFIX):
@@ -1124,17 +1134,16 @@ class Envelope:
                     key = unwrapped(org_id, key_id_of(v))
                     sealed_by = key.sealed_head
                 opened_delta[k] = from_json(key.open_text(v, head + part(k)))
+                size += len(v)
             opened_content = from_json(content_text)
-            opened.keep_event(
-                org_id,
-                session_id,
-                event.id,
-                content,
-                delta,
-                _kept(opened_content, content_text),
-                _kept(opened_delta),
-            )
+            if size <= longest:
+                to_keep[content] = _kept_event(
+                    event.id, delta, opened_content, content_text, opened_delta
+                )
+                to_keep_size += size
             out.append((opened_content, opened_delta))
+        if to_keep:
+            opened.keep_events(org_id, session_id, to_keep, to_keep_size)
         return out
 
     def _event_now(self, org_id: str, session_id: str, event: Event) -> Event:

@@ -287,6 +287,23 @@ async def test_an_event_too_long_to_keep_opens_each_time(tmp_path: Path) -> None
         assert env.sealer.opened.events("org", "s1") == {}
 
 
+async def test_kept_events_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(OpenedValues, "KEEP_VALUES", 10)
+    env = Envelope(Sealer(LocalKeyring(tmp_path / "keys.json"), MemoryKeyTable()))
+    key = await env.user_key("org", "alice")
+    written = [Event("user", {"n": n}, state_delta={"n": n}) for n in range(25)]
+    sealed = [env.seal_event(key, "org", "s1", event) for event in written]
+    assert 0 < len(env.sealer.opened.events("org", "s1")) <= 10
+    read = await env.open_events("org", "s1", [_stored(e) for e in sealed])  # 25 at once
+    assert [(e.content, e.state_delta) for e in read] == [({"n": n}, {"n": n}) for n in range(25)]
+    assert 0 < len(env.sealer.opened.events("org", "s1")) <= 10
+    env.sealer.opened.clear()
+    for start in range(0, 25, 5):
+        page = await env.open_events("org", "s1", [_stored(e) for e in sealed[start : start + 5]])
+        assert [e.content for e in page] == [{"n": n} for n in range(start, start + 5)]
+        assert 0 < len(env.sealer.opened.events("org", "s1")) <= 10
+
+
 async def test_forgetting_a_scope_drops_the_kept_values(tmp_path: Path) -> None:
     sealer = Sealer(LocalKeyring(tmp_path / "keys.json"), MemoryKeyTable())
     key = await sealer.key("org", USER, "alice")

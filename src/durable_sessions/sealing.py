@@ -953,18 +953,16 @@ class Envelope:
     ) -> SealedEvent:
         """A copy of an event with its content and state delta sealed (and its blind index
         text, ``Sealer.blind_text``)."""
+        # Sealed from JSON texts made once; an event with content is kept as well.
+        at = _aad_part(org_id) + _aad_part(session_id) + _aad_part(event.id)
+        content_text = None if event.content is None else to_json(event.content)
+        content = None if content_text is None else key.seal_text(content_text, _CONTENT_AAD + at)
+        head = _DELTA_AAD + at
+        delta = {
+            k: key.seal_text(to_json(v), head + _aad_part(k)) for k, v in event.state_delta.items()
+        }
         opened = key.opened
-        if event.content is None or opened is None:
-            content = self.seal_content(key, org_id, session_id, event.id, event.content)
-            delta = self.seal_delta(key, org_id, session_id, event.id, event.state_delta)
-        else:
-            # Sealed from JSON texts made once, and the event kept.
-            at = _aad_part(org_id) + _aad_part(session_id) + _aad_part(event.id)
-            content_text = to_json(event.content)
-            content = key.seal_text(content_text, _CONTENT_AAD + at)
-            texts = {k: to_json(v) for k, v in event.state_delta.items()}
-            head = _DELTA_AAD + at
-            delta = {k: key.seal_text(t, head + _aad_part(k)) for k, t in texts.items()}
+        if opened is not None and content is not None and content_text is not None:
             size = len(content) + sum([len(v) for v in delta.values()])
             if size <= opened.KEEP_VALUE_CHARS:
                 kept = _kept_event(event.id, delta, event.content, content_text, event.state_delta)

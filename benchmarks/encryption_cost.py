@@ -20,7 +20,7 @@ for each operation; the issue's budget is 1.15 (at most 15% slower). A last line
 floor of ``cold``: the events' values it opens, each decrypted alone with its data key (one
 call per value, nothing decoded or kept), in each round as a share of the plain ``load``.
 
-    python -m benchmarks run encryption [--backend sqlite|postgres]
+    python -m benchmarks run encryption [--backend sqlite|postgres|mysql]
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def summarize(found: dict[str, dict[str, list[float]]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Print each operation's times with and without a keyring, and their ratio."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks run encryption")
-    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--backend", choices=["sqlite", "postgres", "mysql"], default="sqlite")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ops", type=int, default=300, help="operations of each kind per round")
     parser.add_argument("--events", type=int, default=200, help="events in each transcript")

@@ -81,8 +81,14 @@ class DialectOps:
         )
 
     def insert_if_absent(self, table: Table) -> Insert:
-        """Return ``INSERT ... ON CONFLICT DO NOTHING``."""
-        return self.insert(table).on_conflict_do_nothing()  # type: ignore[attr-defined,no-any-return]
+        """Return ``INSERT ... ON CONFLICT DO NOTHING`` (on MySQL ``ON DUPLICATE KEY UPDATE``
+        of a key column to itself: the stored row stays as it was, and no other error is
+        turned into a warning as ``INSERT IGNORE`` would)."""
+        stmt = self.insert(table)
+        if self.is_mysql:
+            first = next(iter(table.primary_key.columns)).name
+            return stmt.on_duplicate_key_update({first: table.c[first]})  # type: ignore[attr-defined,no-any-return]
+        return stmt.on_conflict_do_nothing()  # type: ignore[attr-defined,no-any-return]
 
     def in_list(self, column: ColumnElement[Any], name: str) -> ColumnElement[bool]:
         """``column`` is one of the strings bound as a list to ``name`` (one statement

@@ -75,10 +75,7 @@ def _add() -> Any:
 
 
 def _add_if_absent(ops: DialectOps) -> Any:
-    stmt = ops.insert(K).values(_ADDED)
-    if ops.is_mysql:  # a no-op update: the stored row stays as it was
-        return stmt.on_duplicate_key_update(key_id=K.c.key_id)  # type: ignore[attr-defined]
-    return stmt.on_conflict_do_nothing(index_elements=["org_id", "key_id"])  # type: ignore[attr-defined]
+    return ops.insert_if_absent(K).values(_ADDED)
 
 
 def _drop() -> Any:

@@ -16,7 +16,19 @@ import builtins
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import Text, bindparam, cast, column, select, table, tuple_, update
+from sqlalchemy import (
+    Text,
+    and_,
+    bindparam,
+    cast,
+    column,
+    delete,
+    or_,
+    select,
+    table,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects.postgresql import TSVECTOR
 
 from ..fulltext import search_vector_of
@@ -24,6 +36,7 @@ from ..memories import owner_token
 from ..model import Memory
 from ..sealing import USER, Envelope
 from .compiled import Compiled
+from .dialects.mysql.programs import WORDS, word_rows, words_insert
 from .memories import MemoryStatements, reindex_program
 from .runner import Mode, Program, Query
 from .schema import app_state, events, memories, sessions, user_state
@@ -36,9 +49,19 @@ Run = Callable[[Program[Any], Mode, str], Awaitable[Any]]
 Shape = Callable[[str, Callable[[], Any]], Compiled]
 
 
-def _after(*cols: Any) -> Any:
-    """``(cols) > (:a0, :a1, ...)``: the rows after the last one a batch read."""
-    return tuple_(*cols) > tuple_(*[bindparam(f"a{n}") for n in range(len(cols))])
+def _after(*cols: Any, spelled_out: bool = False) -> Any:
+    """``(cols) > (:a0, :a1, ...)``: the rows after the last one a batch read.
+
+    ``spelled_out`` (MySQL): written column by column, ``c0 > :a0 OR (c0 = :a0 AND ...)``,
+    which MySQL's range optimiser reads as a range of the key (a row comparison it scans).
+    """
+    bound: list[Any] = [bindparam(f"a{n}") for n in range(len(cols))]
+    if not spelled_out:
+        return tuple_(*cols) > tuple_(*bound)
+    after = cols[-1] > bound[-1]
+    for col, value in zip(reversed(cols[:-1]), reversed(bound[:-1]), strict=True):
+        after = or_(col > value, and_(col == value, after))
+    return after
 
 
 def _read(stmt: Compiled, params: dict[str, Any]) -> Program[builtins.list[Any]]:
@@ -49,6 +72,14 @@ def _write(stmt: Compiled, rows: builtins.list[dict[str, Any]]) -> Program[None]
     yield Query(stmt, rows, many=True)
 
 
+def _words_delete() -> Any:
+    return delete(WORDS).where(
+        WORDS.c.org_id == bindparam("k_org"),
+        WORDS.c.session_id == bindparam("k_id"),
+        WORDS.c.seq == bindparam("k_seq"),
+    )
+
+
 class Resealer:
     """One run of ``reencrypt`` over a SQL store's tables.
 
@@ -56,8 +87,9 @@ class Resealer:
         env: The store's envelope (its data keys).
         shape: Compiles a statement once (``Statements.shape``).
         run: Runs a program in a mode (``Runner.run``).
-        postgres: Whether the database is Postgres (events carry search vectors) or SQLite
-            (events carry ``search_terms``).
+        index: How events carry their blind index terms: ``"vector"`` (Postgres: a search
+            vector), ``"terms"`` (SQLite: ``search_terms``) or ``"words"`` (MySQL: rows of
+            ``ds_event_words``).
         batch: Rows per batch.
         memory_q: The store's memory statements (a resealed memory's terms are recounted).
     """
@@ -67,7 +99,7 @@ class Resealer:
         env: Envelope,
         shape: Shape,
         run: Run,
-        postgres: bool,
+        index: str,
         batch: int,
         memory_q: MemoryStatements,
     ) -> None:
@@ -75,8 +107,11 @@ class Resealer:
         self.env = env
         self.shape = shape
         self.run = run
-        self.postgres = postgres
+        self.index = index
         self.batch = batch
+
+    def _after(self, *cols: Any) -> Any:
+        return _after(*cols, spelled_out=self.index == "words")
 
     async def scopes(self) -> tuple[builtins.list[tuple[str, str]], builtins.list[tuple[str, str]]]:
         """The (org, user) and (org, app) pairs that own data."""
@@ -125,7 +160,7 @@ class Resealer:
         def build() -> Any:
             return (
                 select(S.c.org_id, S.c.id, S.c.user_id, S.c.title, S.c.state, S.c.version)
-                .where(_after(S.c.org_id, S.c.id))
+                .where(self._after(S.c.org_id, S.c.id))
                 .order_by(S.c.org_id, S.c.id)
                 .limit(bindparam("k_limit"))
             )
@@ -172,7 +207,7 @@ class Resealer:
                     S.c.user_id,
                 )
                 .join(S, (S.c.org_id == E.c.org_id) & (S.c.id == E.c.session_id))
-                .where(_after(E.c.org_id, E.c.session_id, E.c.seq))
+                .where(self._after(E.c.org_id, E.c.session_id, E.c.seq))
                 .order_by(E.c.org_id, E.c.session_id, E.c.seq)
                 .limit(bindparam("k_limit"))
             )
@@ -189,24 +224,27 @@ class Resealer:
             blind = (await env.sealer.index_key(org)).blind(content)
             found = {"k_org": org, "k_id": sid, "k_seq": row.seq, "k_event": eid,
                      "v_content": sealed, "v_delta": sealed_delta}  # fmt: skip
-            if self.postgres:
+            if self.index == "vector":
                 found["v_vector"] = search_vector_of(blind.split())
-            else:
+            elif self.index == "terms":
                 found["v_terms"] = blind
+            else:
+                found["v_words"] = word_rows(org, sid, row.seq, None, blind)
             return found
 
-        if self.postgres:
+        index: dict[str, Any] = {}
+        if self.index == "vector":
             target: Any = table(
                 E.name, *[column(c.name, c.type) for c in E.c], column("search_vector", TSVECTOR)
             )
-            index: dict[str, Any] = {
-                "search_vector": cast(bindparam("v_vector", type_=Text), TSVECTOR)
-            }
-        else:
+            index = {"search_vector": cast(bindparam("v_vector", type_=Text), TSVECTOR)}
+        elif self.index == "terms":
             target = table(
                 E.name, *[column(c.name, c.type) for c in E.c], column("search_terms", Text)
             )
             index = {"search_terms": bindparam("v_terms", type_=Text)}
+        else:
+            target = E
 
         def write_stmt() -> Any:
             return (
@@ -225,7 +263,22 @@ class Resealer:
             )
 
         write = self.shape("reseal:events:write", write_stmt)
-        return await self._walk("events", build, ("", "", -1), reseal, write)
+        if self.index != "words":
+            return await self._walk("events", build, ("", "", -1), reseal, write)
+        forget = self.shape("reseal:words:delete", _words_delete)
+        insert_words = self.shape("reseal:words:insert", words_insert)
+
+        def writes(rows: builtins.list[dict[str, Any]]) -> Program[None]:
+            # MySQL: each event's words rows follow its content, in its transaction: a
+            # plaintext event's words leave the index for its blind terms.
+            for row in rows:
+                terms = row.pop("v_words")
+                if (yield Query(write, row)).rowcount:
+                    yield Query(forget, row)
+                    if terms:
+                        yield Query(insert_words, terms, many=True)
+
+        return await self._walk("events", build, ("", "", -1), reseal, write, writes)
 
     async def memories(self) -> int:
         """Reseal long-term memories (text, content, metadata); index plaintext ones blind."""
@@ -243,7 +296,7 @@ class Resealer:
                     M.c.timestamp,
                     M.c.terms,
                 )
-                .where(_after(*keys))
+                .where(self._after(*keys))
                 .order_by(*keys)
                 .limit(bindparam("k_limit"))
             )
@@ -300,7 +353,7 @@ class Resealer:
         def build() -> Any:
             return (
                 select(*keys, t.c.value, t.c.updated_at)
-                .where(_after(*keys))
+                .where(self._after(*keys))
                 .order_by(*keys)
                 .limit(bindparam("k_limit"))
             )

@@ -3,8 +3,10 @@
 A fork copies its parent's private state, title and transcript; sealed, each value names
 its row (``sealing.Envelope``), so the child's copies are opened and sealed again for the
 child, in the same write transaction as the plain fork: the parent read (and locked on
-Postgres), the child inserted, its events written. The data keys it needs are fetched
-before (``Sealer.scope_keys``): a program does not suspend between its statements.
+Postgres and MySQL), the child inserted, its events written with their blind index (its
+search terms on SQLite, search vector on Postgres, ``ds_event_words`` rows on MySQL). The
+data keys it needs are fetched before (``Sealer.scope_keys``): a program does not suspend
+between its statements.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from ..prepare import fork_state, merge_state
 from ..sealing import DataKey, Envelope, Sealer, row_aad
 from .compiled import Compiled
 from .dialect import DialectOps
+from .dialects.mysql.programs import DUPLICATE, retried, word_rows
 from .programs import Job, event_from_row, session_from_row, shared_items
 from .runner import Program, Query
 from .schema import events
+from .statements import Statements
 from .stepwise import StepwiseStatements, bound_row, fork_row
+from .translate import mysql_errno
 
 __all__ = ["ForkStatements", "sealed_fork", "sealed_fork_statements"]
 
@@ -36,22 +41,27 @@ __all__ = ["ForkStatements", "sealed_fork", "sealed_fork_statements"]
 class ForkStatements:
     """The statements of a sealed fork, and how its events carry their blind index."""
 
-    q: StepwiseStatements
+    q: Any
+    """The dialect's steps: ``StepwiseStatements`` (SQLite, Postgres) or ``MySQLStatements``."""
     events: Compiled
     insert_event: Compiled
-    vectors: bool
-    """Postgres: each event row sends its search vector (of its blind index terms);
-    SQLite: its ``search_terms``, which the full-text index reads."""
+    index: str
+    """How each event row carries its blind index terms: ``"terms"`` (SQLite: its
+    ``search_terms``, which the full-text index reads), ``"vector"`` (Postgres: its search
+    vector) or ``"words"`` (MySQL: its rows of ``ds_event_words``)."""
 
 
 def sealed_fork_statements(
-    ops: DialectOps, dialect: Dialect, sqlite: StepwiseStatements | None
+    ops: DialectOps, dialect: Dialect, own: Statements | None
 ) -> ForkStatements:
-    """The statements of a sealed fork: SQLite's own (``sqlite``), or Postgres's steps."""
-    q = sqlite if sqlite is not None else StepwiseStatements(ops, dialect)
+    """The statements of a sealed fork: the store's own (``own``: SQLite's or MySQL's), or
+    Postgres's steps."""
+    q: Any = own if own is not None else StepwiseStatements(ops, dialect)
     every_event = q.compile(q.events_query(False, False))
-    if sqlite is not None:
-        return ForkStatements(q, every_event, q.insert_event, vectors=False)
+    if ops.is_mysql:
+        return ForkStatements(q, every_event, q.insert_event, index="words")
+    if own is not None:
+        return ForkStatements(q, every_event, q.insert_event, index="terms")
     with_vector = table(
         events.name, *[column(c.name, c.type) for c in events.c], column("search_vector", TSVECTOR)
     )
@@ -60,7 +70,7 @@ def sealed_fork_statements(
         "search_vector": cast(bindparam("search_vector", type_=Text), TSVECTOR),
     }
     return ForkStatements(
-        q, every_event, q.compile(insert(with_vector).values(values)), vectors=True
+        q, every_event, q.compile(insert(with_vector).values(values)), index="vector"
     )
 
 
@@ -78,7 +88,23 @@ def sealed_fork(
     Returns the child with its state (and shared state) sealed as stored: the caller
     opens it.
     """
+    if statements.index == "words":  # MySQL: begun again after a deadlock
+        return Job(retried(lambda: _fork(statements, params, keys, current, index)), "write")
     return Job(_fork(statements, params, keys, current, index), "write")
+
+
+def _insert_child(statements: ForkStatements, row: dict[str, Any]) -> Program[bool]:
+    """Insert the child's row; False when its id is taken."""
+    q = statements.q
+    if statements.index != "words":
+        return (yield Query(q.insert_session, row)).first() is not None
+    try:  # MySQL: no insert that skips a taken key and says so
+        yield Query(q.insert_session, row)
+    except Exception as exc:
+        if mysql_errno(exc) == DUPLICATE:
+            return False
+        raise
+    return True
 
 
 def _fork(
@@ -91,7 +117,8 @@ def _fork(
     q = statements.q
     org_id, parent_id, child_id = params["k_org"], params["k_id"], params["k_child"]
     with_events = params["v_with_events"]
-    parent = (yield Query(q.parent, {"k_org": org_id, "k_id": parent_id})).first()
+    locked = q.lock_row if statements.index == "words" else q.parent
+    parent = (yield Query(locked, {"k_org": org_id, "k_id": parent_id})).first()
     if parent is None:
         raise SessionNotFoundError(org_id, parent_id)
     if parent.user_id != current.owner:
@@ -106,11 +133,12 @@ def _fork(
     )
     sealed_title = Envelope.seal_title(current, org_id, child_id, title)
     row = fork_row(params, parent, sealed_title, sealed_private)
-    if (yield Query(q.insert_session, {**row, "k_org": org_id})).first() is None:
+    if not (yield from _insert_child(statements, {**row, "k_org": org_id})):
         raise SessionExistsError(org_id, child_id)
     if with_events:
         found = (yield Query(statements.events, {"k_org": org_id, "k_id": parent_id})).rows
         rows = []
+        words: list[dict[str, Any]] = []
         for event in (event_from_row(r) for r in found):
             content = open_(keys, event.content, row_aad("content", org_id, parent_id, event.id))
             delta = {
@@ -127,12 +155,16 @@ def _fork(
                 }
             )  # fmt: skip
             blind = index.blind(content)
-            if statements.vectors:
+            if statements.index == "vector":
                 rows[-1]["search_vector"] = search_vector_of(blind.split())
-            else:
+            elif statements.index == "terms":
                 rows[-1]["search_terms"] = blind
+            else:
+                words += word_rows(org_id, child_id, event.seq, None, blind)
         if rows:
             yield Query(statements.insert_event, rows, many=True)
+        if words:
+            yield Query(q.insert_words, words, many=True)
     owner = {"k_org": org_id, "k_app": parent.app_name, "k_user": parent.user_id}
     shared = (yield Query(q.shared, owner)).first()
     state = merge_state(sealed_private, *shared_items(shared.user_state, shared.app_state))

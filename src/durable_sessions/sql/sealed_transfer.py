@@ -31,6 +31,7 @@ from ..sealing import (
     row_aad,
 )
 from .dialect import dialect_ops
+from .dialects.mysql.programs import word_rows, words_insert
 from .schema import keys
 from .transactions import TransactionConnection
 
@@ -123,6 +124,9 @@ class BlindIndexer:
         self.keys_held = False
         """Whether key rows were given to the import since it last flushed."""
         events: list[Any] = [column("org_id"), column("session_id"), column("seq")]
+        if self.ops.is_mysql:  # rows of ds_event_words (``write``)
+            self._update: Any = words_insert()
+            return
         if self.ops.is_postgres:
             target = table("ds_events", *events, column("search_vector", TSVECTOR))
             value: Any = cast(bindparam("b_terms", type_=Text), TSVECTOR)
@@ -233,6 +237,9 @@ class BlindIndexer:
         )
         # An unreadable event is indexed under no word (its sealed text is no words).
         terms = "" if content is _UNREADABLE else (await self._index_key(org)).blind(content)
+        if self.ops.is_mysql:
+            self._pending += word_rows(org, sid, row["seq"], None, terms)
+            return
         if self.ops.is_postgres:
             terms = search_vector_of(terms.split())
         self._pending.append(
@@ -256,7 +263,8 @@ class BlindIndexer:
 
     @property
     def pending(self) -> int:
-        """How many events wait for their index (``write`` them once inserted)."""
+        """How many index rows wait (``write`` them once their events are inserted): one
+        per event, on MySQL one per distinct word of it."""
         return len(self._pending)
 
     async def write(self) -> None:

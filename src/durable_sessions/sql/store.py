@@ -519,7 +519,7 @@ class SQLStore:
             env,
             lambda n, b: self._q.shape(n, b),
             self._runner.run,
-            self._ops.is_postgres,
+            "vector" if self._ops.is_postgres else "words" if self._ops.is_mysql else "terms",
             batch,
             self._memory_q,
         )
@@ -885,8 +885,8 @@ class SQLStore:
         current = await env.user_key(org_id, user_id)
         index = await env.sealer.index_key(org_id)
         if self._stepwise is None:
-            sqlite = None if self._ops.is_postgres else cast(SQLiteStatements, self._q)
-            self._stepwise = sealed_fork_statements(self._ops, self._engine.dialect, sqlite)
+            own = None if self._ops.is_postgres else self._q  # SQLite's or MySQL's
+            self._stepwise = sealed_fork_statements(self._ops, self._engine.dialect, own)
         statements = self._stepwise
         job = sealed_fork(statements, params, keys, current, index)
         return await self._opened(await self._run(job, "fork"))
@@ -1235,7 +1235,9 @@ class SQLStore:
             params["k_count"] = len(wanted)
             stmt = self._q.shape(("search", *shape), partial(mysql_search_query, *shape))
             program = self._programs.rows(stmt, params, _hit_from_row)
-            return await self._runner.run(program, "read", "search")
+            return await self._opened_hits(
+                org_id, await self._runner.run(program, "read", "search")
+            )
         while True:
             ordered = self._stored_order
             build = partial(search_query, postgres, *shape, stored_order=ordered)
@@ -1243,19 +1245,22 @@ class SQLStore:
             program = self._programs.rows(stmt, params, _hit_from_row)
             try:
                 hits = await self._runner.run(program, "read", "search")
-                if self._env is None:
-                    return hits
-                open_ = self._env.open_event
-                return [
-                    SearchHit(h.session_id, await open_(org_id, h.session_id, h.event))
-                    for h in hits
-                ]
+                return await self._opened_hits(org_id, hits)
             except (StoreError, SchemaNotMigratedError) as exc:
                 # A schema without ``ds_search_text(json)`` (downgraded since the store
                 # looked): search as it reads contents, cast to jsonb.
                 if not (postgres and ordered and _sqlstate_in(exc, _NO_FUNCTION)):
                     raise
                 self._stored_order = False
+
+    async def _opened_hits(
+        self, org_id: str, hits: builtins.list[SearchHit]
+    ) -> builtins.list[SearchHit]:
+        """Open the events of search hits read from the database."""
+        if self._env is None:
+            return hits
+        open_ = self._env.open_event
+        return [SearchHit(h.session_id, await open_(org_id, h.session_id, h.event)) for h in hits]
 
     # -- long-term memory ------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import Table, insert, select, tuple_
 
+from ....sealing import is_sealed
 from ...transactions import TransactionConnection
 from .programs import WORDS, word_rows
 
@@ -21,7 +22,8 @@ async def insert_new(
 
     MySQL has no ``INSERT ... RETURNING`` of the rows an ``ON DUPLICATE KEY`` clause left
     out: the keys are looked for first, in the loader's transaction. Events go in with their
-    words (``ds_event_words``, which search reads).
+    words (``ds_event_words``, which search reads); a sealed event's are its blind index
+    terms, which the import's ``BlindIndexer`` writes once it has opened the content.
     """
     pk = list(table.primary_key.columns)
     keys = [tuple(row[col.name] for col in pk) for row in rows]
@@ -34,6 +36,7 @@ async def insert_new(
         words = [
             {"org_id": word.pop("k_org"), **word}
             for row in rows
+            if not is_sealed(row["content"])
             for word in word_rows(row["org_id"], row["session_id"], row["seq"], row["content"])
         ]
         if words:

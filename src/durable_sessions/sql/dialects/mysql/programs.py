@@ -69,7 +69,16 @@ from ...statements import (
 from ...stepwise import bound_row, fork_row, write_shared
 from ...translate import mysql_errno
 
-__all__ = ["ATTEMPTS", "WORDS", "MySQLPrograms", "MySQLStatements", "retried"]
+__all__ = [
+    "ATTEMPTS",
+    "DUPLICATE",
+    "WORDS",
+    "MySQLPrograms",
+    "MySQLStatements",
+    "retried",
+    "word_rows",
+    "words_insert",
+]
 
 T = TypeVar("T")
 
@@ -77,7 +86,8 @@ ATTEMPTS = 5
 """Times a write runs when it keeps losing a deadlock or a lock wait."""
 
 _RETRIED = (1213, 1205)  # deadlock; lock wait timeout
-_DUPLICATE = 1062
+DUPLICATE = 1062
+"""MySQL's error number of a row whose unique key is taken."""
 
 WORDS = table(
     "ds_event_words",
@@ -114,16 +124,30 @@ def retried(make: Callable[[], Program[T]]) -> Program[T]:
 
 
 def _is_duplicate(exc: BaseException) -> bool:
-    return mysql_errno(exc) == _DUPLICATE
+    return mysql_errno(exc) == DUPLICATE
 
 
-def word_rows(org_id: str, session_id: str, seq: int, content: Any) -> list[dict[str, Any]]:
-    """The rows of ``ds_event_words`` of one event: its distinct words, with their count."""
-    counts = Counter(words(event_text(content)))
+def word_rows(
+    org_id: str, session_id: str, seq: int, content: Any, terms: str | None = None
+) -> list[dict[str, Any]]:
+    """The rows of ``ds_event_words`` of one event: its distinct words, with their count;
+    or, for an encrypted store's event, of its blind index ``terms`` (``DataKey.blind``)."""
+    counts = Counter(words(event_text(content)) if terms is None else terms.split())
     return [
         {"k_org": org_id, "word": word, "session_id": session_id, "seq": seq, "n": n}
         for word, n in counts.items()
     ]
+
+
+def words_insert() -> Any:
+    """The insert of an event's ``ds_event_words`` rows (``word_rows``)."""
+    return insert(WORDS).values(
+        org_id=bindparam("k_org", type_=ID),
+        word=bindparam("word", type_=_Bytes(1020)),
+        session_id=bindparam("session_id", type_=ID),
+        seq=bindparam("seq", type_=BigInteger),
+        n=bindparam("n", type_=Integer),
+    )
 
 
 class MySQLStatements(Statements):
@@ -168,15 +192,7 @@ class MySQLStatements(Statements):
             )
         )
         self.insert_event = c(insert(events).values(bound_row(events)))
-        self.insert_words = c(
-            insert(WORDS).values(
-                org_id=bindparam("k_org", type_=ID),
-                word=bindparam("word", type_=_Bytes(1020)),
-                session_id=bindparam("session_id", type_=ID),
-                seq=bindparam("seq", type_=BigInteger),
-                n=bindparam("n", type_=Integer),
-            )
-        )
+        self.insert_words = c(words_insert())
         copied = select(events.c.org_id, bindparam("k_child", type_=ID), *EVENT_COLUMNS).where(
             EVENTS_KEY
         )
@@ -334,7 +350,9 @@ class MySQLPrograms(Programs):
         found = [
             word
             for seq, event in enumerate(stored, start=first)
-            for word in word_rows(org_id, session_id, seq, event.content)
+            for word in word_rows(
+                org_id, session_id, seq, event.content, getattr(event, "search_terms", None)
+            )
         ]
         if found:
             yield Query(self.q.insert_words, found, many=True)

@@ -16,13 +16,17 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, make_url, text
+from alembic.util import CommandError
+from sqlalchemy import String, delete, inspect, make_url, select, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import Event, InMemoryStore, Manager, Memory, SQLStore, StoreUnavailableError
 from durable_sessions.fulltext import search_vector
+from durable_sessions.jsoncodec import to_json
 from durable_sessions.memories import stored_terms
+from durable_sessions.prepare import MAX_TITLE_BYTES, check_title
 from durable_sessions.sql.migrate import (
     current,
     downgrade,
@@ -31,8 +35,15 @@ from durable_sessions.sql.migrate import (
     script_location,
     upgrade,
 )
-from durable_sessions.sql.schema import VERSION_TABLE, memories, metadata
-from support.revisions import upgrade_released
+from durable_sessions.sql.schema import (
+    SEALED_TITLE_BYTES,
+    VERSION_TABLE,
+    keys,
+    memories,
+    metadata,
+    sessions,
+)
+from support.revisions import load_revision, upgrade_released
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -185,7 +196,7 @@ def test_script_location_and_head() -> None:
     assert (location / "env.py").is_file()
     assert (location / "script.py.mako").is_file()
     assert (location / "versions" / "0001_initial.py").is_file()
-    assert head() == "0013"
+    assert head() == "0014"
 
 
 def test_revisions_are_frozen_snapshots() -> None:
@@ -567,6 +578,118 @@ async def test_revision_0013_counts_the_memories_already_stored(db_engine: Async
         found = await store.search_memories("org", "app", "ada", query)
         expected = await reference.search_memories("org", "app", "ada", query)
         assert [m.id for m in found] == [m.id for m in expected], query
+
+
+WORST_TITLE = "\x01" * MAX_TITLE_BYTES
+"""The title whose JSON text is longest: every byte a control character, escaped as
+``\\u0001``."""
+
+
+def longest_sealed_title() -> str:
+    """``WORST_TITLE`` sealed by the real code, under a key id as wide as ``ds_keys`` holds."""
+    from durable_sessions.sealing import USER, DataKey, Envelope
+
+    key_id = keys.c.key_id.type
+    assert isinstance(key_id, String)
+    assert key_id.length is not None
+    key = DataKey("k" * key_id.length, USER, "u", bytes(range(32)))
+    return Envelope.seal_title(key, "org", "s", WORST_TITLE)
+
+
+def test_a_sealed_title_fits_the_title_column_on_mysql() -> None:
+    """The derivation of ``SEALED_TITLE_BYTES`` (schema and revision 0014 alike), checked
+    with the sealing code: the longest title's JSON, sealed under the widest key id."""
+    assert check_title(WORST_TITLE) == WORST_TITLE
+    assert len(to_json(WORST_TITLE).encode()) == 6146
+    sealed = longest_sealed_title()
+    assert sealed.isascii()
+    assert len(sealed) == 70 + 8232  # "dse1:" + 64-byte key id + ":", then base64
+    assert len(sealed) <= SEALED_TITLE_BYTES < len(sealed) + 256
+    revision = load_revision("0014_sealed_titles.py")
+    assert revision.SEALED_TITLE_BYTES == SEALED_TITLE_BYTES
+    assert revision.TITLE_BYTES == MAX_TITLE_BYTES
+
+
+async def title_column(engine: AsyncEngine) -> tuple[str, bool, Any]:
+    """``ds_sessions.title``'s type as the database spells it, whether it is nullable, and
+    its default."""
+
+    def reflect(conn: Connection) -> tuple[str, bool, Any]:
+        [column] = [c for c in inspect(conn).get_columns("ds_sessions") if c["name"] == "title"]
+        return str(column["type"].compile(conn.dialect)), column["nullable"], column["default"]
+
+    async with engine.connect() as conn:
+        return await conn.run_sync(reflect)
+
+
+async def insert_titled(engine: AsyncEngine, titles: dict[str, str]) -> None:
+    """Insert a session per (id, title), raw: a store checks titles against 1,024 bytes."""
+    stamp = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    async with engine.begin() as conn:
+        for session_id, title in titles.items():
+            await conn.execute(
+                sessions.insert().values(
+                    org_id="org", id=session_id, user_id="u", app_name="app", title=title,
+                    state={}, parent_id=None, created_at=stamp, updated_at=stamp,
+                    message_count=0, token_total=0, event_seq=0, version=1, incarnation="",
+                )
+            )  # fmt: skip
+
+
+async def stored_titles(engine: AsyncEngine) -> dict[str, str]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(select(sessions.c.id, sessions.c.title))
+        return {session_id: title for session_id, title in rows}
+
+
+async def test_revision_0014_widens_the_title_column_for_sealed_titles_on_mysql(
+    db_engine: AsyncEngine,
+) -> None:
+    """On MySQL 0014 widens ``ds_sessions.title`` from ``VARBINARY(1024)`` to
+    ``VARBINARY(8448)`` (still NOT NULL, no default), so a sealed title fits; its downgrade
+    refuses while a title longer than 1,024 bytes is stored, changing nothing, and narrows
+    the column once none is. Elsewhere titles are unbounded text, which 0014 leaves alone."""
+    await upgrade(db_engine, "0013")
+    on_mysql = is_mysql(db_engine)
+    sealed = longest_sealed_title()
+    widest = "t" * SEALED_TITLE_BYTES
+    clear = {"short": "a title", "longest": "\u00e9" * (MAX_TITLE_BYTES // 2)}
+    await insert_titled(db_engine, clear)
+    before = await title_column(db_engine)
+    if on_mysql:
+        assert before == ("VARBINARY(1024)", False, None)
+        for title in (sealed, widest):
+            with pytest.raises(DBAPIError, match="Data too long"):
+                await insert_titled(db_engine, {"sealed": title})
+    else:
+        assert before[:2] == ("TEXT", False)
+
+    await upgrade(db_engine, "0014")
+    after = await title_column(db_engine)
+    assert after == (("VARBINARY(8448)", False, None) if on_mysql else before)
+    await insert_titled(db_engine, {"sealed": sealed, "widest": widest})
+    assert await stored_titles(db_engine) == {**clear, "sealed": sealed, "widest": widest}
+
+    if on_mysql:
+        with pytest.raises(
+            CommandError, match=r"2 session title.*sealed titles.*needs revision 0014"
+        ):
+            await downgrade(db_engine, "0013")
+        assert await current(db_engine) == "0014"
+        assert await title_column(db_engine) == after
+        assert await stored_titles(db_engine) == {**clear, "sealed": sealed, "widest": widest}
+        async with db_engine.begin() as conn:
+            await conn.execute(delete(sessions).where(sessions.c.id.in_(["sealed", "widest"])))
+
+    await downgrade(db_engine, "0013")  # no sealed title left (or unbounded text): through
+    assert await current(db_engine) == "0013"
+    assert await title_column(db_engine) == before
+    titles = await stored_titles(db_engine)
+    assert titles == (clear if on_mysql else {**clear, "sealed": sealed, "widest": widest})
+
+    await upgrade(db_engine)
+    assert await title_column(db_engine) == after
+    assert await stored_titles(db_engine) == titles
 
 
 # Contents of every JSON shape, some whose text jsonb rewrites (key order, spacing of

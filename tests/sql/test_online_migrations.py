@@ -32,6 +32,7 @@ from durable_sessions import Event, Manager, SQLStore
 from durable_sessions.sql.migrate import current, head, upgrade
 from durable_sessions.sql.schema import VERSION_TABLE, metadata
 from support.revisions import upgrade_released
+from support.sql import raw_mysql
 
 SESSIONS = 200
 PER_SESSION = 100
@@ -734,5 +735,75 @@ async def test_mysql_online_steps_keep_the_service_working(
                 )
             )
         assert wrong == 0
+    finally:
+        await engine.dispose()
+
+
+async def _innodb_table_id(engine: AsyncEngine, table: str) -> int:
+    """InnoDB's id of ``table``: a new one whenever the table is rebuilt (copied)."""
+    async with engine.connect() as conn:
+        version = str((await conn.exec_driver_sql("SELECT VERSION()")).scalar_one())
+        view = "INNODB_SYS_TABLES" if "MariaDB" in version else "INNODB_TABLES"
+        found = await conn.execute(
+            text(f"SELECT table_id FROM information_schema.{view} WHERE name = :name"),
+            {"name": f"{engine.url.database}/{table}"},
+        )
+        return int(found.scalar_one())
+
+
+async def _title_type(engine: AsyncEngine) -> str:
+    async with engine.connect() as conn:
+        found = await conn.exec_driver_sql(
+            "SELECT column_type FROM information_schema.columns WHERE table_schema = DATABASE() "
+            "AND table_name = 'ds_sessions' AND column_name = 'title'"
+        )
+        return str(found.scalar_one())
+
+
+@pytest.mark.mysql
+async def test_mysql_widens_the_title_column_in_place_waiting_out_a_long_transaction(
+    fresh_mysql_url: Callable[[], str],
+) -> None:
+    """Revision 0014 on a filled MySQL database at 0013, while the probe reads and appends
+    and a transaction holds ``ds_sessions`` (its metadata lock): the ALTER gives up after
+    the lock timeout and tries again, so no reader or writer waits behind it longer than
+    that, until the transaction ends; then it widens the title column without copying the
+    table (InnoDB's id of the table stays), the data intact."""
+    url = fresh_mysql_url()
+    engine = create_async_engine(url)
+    retried = asyncio.Event()
+    lines: list[str] = []
+
+    def progress(line: str) -> None:
+        lines.append(line)
+        if sum("trying again" in seen for seen in lines) >= 2:  # several tries
+            retried.set()
+
+    try:
+        await seed(engine, "0013")
+        seeded = await snapshot(engine)
+        table_id = await _innodb_table_id(engine, "ds_sessions")
+        assert await _title_type(engine) == "varbinary(1024)"
+        async with raw_mysql(url) as blocker, blocker.cursor() as cursor:
+            await blocker.begin()
+            await cursor.execute("SELECT count(*) FROM ds_sessions")  # holds its lock
+            await cursor.fetchall()
+            async with Probe(url) as probe:
+                await probe.rounds(3)
+                migration = asyncio.create_task(
+                    upgrade(engine, "0014", lock_timeout=1, progress=progress)
+                )
+                await asyncio.wait_for(retried.wait(), 60)
+                await probe.rounds(3)  # the probe at work meanwhile
+                assert not migration.done()
+                await blocker.rollback()
+                report = await migration
+                await probe.rounds(3)
+        assert report.applied == ("0014",), lines
+        probe.check()
+        assert await current(engine) == "0014"
+        assert await _title_type(engine) == "varbinary(8448)"
+        assert await _innodb_table_id(engine, "ds_sessions") == table_id  # not copied
+        assert await snapshot(engine) == seeded
     finally:
         await engine.dispose()

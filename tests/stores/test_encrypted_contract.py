@@ -9,9 +9,9 @@ import pytest
 from durable_sessions import InMemoryStore, SQLStore, Store
 from durable_sessions.crypto import LocalKeyring
 from durable_sessions.testing import StoreContract
-from support.sql import SQL_BACKENDS
+from support.sql import MYSQL, SQL_BACKENDS
 
-ENCRYPTED_BACKENDS = [pytest.param("memory", marks=pytest.mark.memory), *SQL_BACKENDS]
+ENCRYPTED_BACKENDS = [pytest.param("memory", marks=pytest.mark.memory), *SQL_BACKENDS, MYSQL]
 """Every store but distributed mode, which refuses a keyring (its search index cannot read
 a blind index)."""
 

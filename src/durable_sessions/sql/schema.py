@@ -31,12 +31,12 @@ from sqlalchemy.dialects.postgresql import JSON, JSONB
 from sqlalchemy.types import TypeEngine
 
 from ..jsoncodec import from_json, to_json
-from ..prepare import MAX_TITLE_BYTES
 from ..state import MAX_ID_BYTES, MAX_ID_LENGTH, MAX_KEY_BYTES
 
 __all__ = [
     "MYSQL_NAMES",
     "MYSQL_TABLE",
+    "SEALED_TITLE_BYTES",
     "VERSION_TABLE",
     "JSONDocument",
     "JSONValue",
@@ -217,7 +217,19 @@ LONG_TEXT = Text().with_variant(mysql.LONGTEXT(), *MYSQL_NAMES)
 
 ID = _text_of(MAX_ID_LENGTH, MAX_ID_BYTES)
 KEY = _text_of(None, MAX_KEY_BYTES)
-TITLE = _text_of(None, MAX_TITLE_BYTES)
+
+SEALED_TITLE_BYTES = 8448
+"""The size of a title's column on MySQL (revision 0014): a title sealed by a store with a
+keyring. A title of ``prepare.MAX_TITLE_BYTES`` (1,024) UTF-8 bytes has a JSON text of at
+most 6,146 bytes (1,024 control characters, each escaped as ``\\u0001``, and two quotes);
+sealed, a 12-byte nonce and a 16-byte tag make 6,174 bytes, 8,232 in base64, after a head
+``dse1:<key id>:`` of at most 70 bytes (a key id has at most 64, ``keys.key_id``): 8,302,
+rounded up to a multiple of 256. Titles are still checked against 1,024 bytes."""
+
+TITLE = _text_of(None, SEALED_TITLE_BYTES)
+"""A session title: unbounded text (SQLite, Postgres), ``VARBINARY(SEALED_TITLE_BYTES)`` on
+MySQL."""
+
 TERM = _text_of(None, 1024)
 """A term of memories: a word of at most ``fulltext.MAX_WORD`` (255) characters, 1,020 UTF-8
 bytes (``VARBINARY`` on MySQL, where it is part of a primary key)."""

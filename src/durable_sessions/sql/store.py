@@ -78,6 +78,7 @@ from .programs import (
     shared_items,
 )
 from .runner import Program
+from .schema import SEALED_TITLE_BYTES
 from .search import fts_match, mysql_search_query, search_query
 from .statements import Statements
 from .translate import mysql_errno
@@ -122,11 +123,6 @@ def _guarded(
         params["v_title"] = title
     return params
 
-
-_NO_MYSQL_KEYRING = (
-    "a keyring (encryption at rest) is not supported on MySQL yet: its sealed titles and "
-    "blind search index need columns the MySQL schema does not have"
-)
 
 _NO_DISTRIBUTED_KEYRING = (
     "a keyring (encryption at rest) is not supported in distributed mode: its search index "
@@ -217,8 +213,6 @@ class SQLStore:
         if distributed and keyring is not None:
             raise InvalidArgumentError(_NO_DISTRIBUTED_KEYRING)
         ops = dialect_ops(engine.dialect.name, engine.dialect.driver)
-        if ops.is_mysql and keyring is not None:
-            raise InvalidArgumentError(_NO_MYSQL_KEYRING)
         self._ops = ops
         self._chosen: Programs | None = None
         self._distributed: bool | None = None
@@ -326,6 +320,13 @@ class SQLStore:
             assert isinstance(programs, MySQLPrograms)
             packet = await self._runner.run(programs.max_packet(), "read", operation)
             check_packet(packet, self.max_value_bytes)
+            if self._env is not None:
+                width = await self._runner.run(programs.title_width(), "read", operation)
+                if width is not None and width < SEALED_TITLE_BYTES:
+                    raise SchemaNotMigratedError(
+                        "a store with a keyring on MySQL stores sealed titles, which need "
+                        "revision 0014: run `durable-sessions migrate` (or store.migrate())"
+                    )
             self._vectors = False
         elif self._vectors is None:
             found = await self._runner.run(detect_schema(self._engine.dialect), "read", operation)

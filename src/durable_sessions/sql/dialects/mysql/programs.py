@@ -221,6 +221,13 @@ class MySQLStatements(Statements):
         )
         self.drop_after = c(delete(events).where(*doomed))
         self.max_packet = c(select(literal_column("@@max_allowed_packet", BigInteger).label("n")))
+        self.title_width = c(
+            text(
+                "SELECT CHARACTER_MAXIMUM_LENGTH AS n FROM information_schema.COLUMNS "
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'ds_sessions' "
+                "AND COLUMN_NAME = 'title'"
+            )
+        )
         # InnoDB's lock wait is a setting of the connection's session, not of a transaction:
         # a batched delete sets it for itself and puts back the value it found.
         self.set_lock_wait = c(
@@ -560,6 +567,11 @@ class MySQLPrograms(Programs):
     def max_packet(self) -> Program[int]:
         """The server's ``max_allowed_packet``, in bytes."""
         return int((yield Query(self.q.max_packet, {})).first().n)
+
+    def title_width(self) -> Program[int | None]:
+        """The size of ``ds_sessions.title`` in bytes; None before the table exists."""
+        found = (yield Query(self.q.title_width, {})).first()
+        return None if found is None else int(found.n)
 
     def delete(self, key: dict[str, Any]) -> Job[None]:
         return self._write(lambda: self._delete(key))

@@ -22,7 +22,15 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from durable_sessions import Event, InMemoryStore, Manager, Memory, SQLStore, StoreUnavailableError
+from durable_sessions import (
+    Event,
+    InMemoryStore,
+    Manager,
+    Memory,
+    SchemaNotMigratedError,
+    SQLStore,
+    StoreUnavailableError,
+)
 from durable_sessions.fulltext import search_vector
 from durable_sessions.jsoncodec import to_json
 from durable_sessions.memories import stored_terms
@@ -690,6 +698,27 @@ async def test_revision_0014_widens_the_title_column_for_sealed_titles_on_mysql(
     await upgrade(db_engine)
     assert await title_column(db_engine) == after
     assert await stored_titles(db_engine) == titles
+
+
+async def test_a_keyring_store_needs_revision_0014_on_mysql(
+    db_engine: AsyncEngine, tmp_path: Path
+) -> None:
+    """On MySQL a store with a keyring refuses a schema before 0014 (its title column cannot
+    hold a sealed title) with ``SchemaNotMigratedError``, writing nothing; migrated, the
+    same store keeps the longest title. On SQLite and Postgres 0013 holds it already."""
+    from durable_sessions.crypto import LocalKeyring
+
+    await upgrade(db_engine, "0013")
+    store = SQLStore(db_engine, keyring=LocalKeyring(tmp_path / "keys.json"))
+    manager = Manager(store, app_name="app")
+    if is_mysql(db_engine):
+        with pytest.raises(SchemaNotMigratedError, match="revision 0014"):
+            await manager.create("org", "u", id="s", title=WORST_TITLE)
+        assert await stored_titles(db_engine) == {}
+        await store.migrate()
+    await manager.create("org", "u", id="s", title=WORST_TITLE)
+    assert (await manager.resume("org", "s")).title == WORST_TITLE
+    assert (await stored_titles(db_engine))["s"].startswith("dse1:")
 
 
 # Contents of every JSON shape, some whose text jsonb rewrites (key order, spacing of

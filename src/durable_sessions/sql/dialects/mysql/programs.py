@@ -226,7 +226,7 @@ class MySQLStatements(Statements):
                 "SELECT CHARACTER_MAXIMUM_LENGTH AS n FROM information_schema.COLUMNS "
                 "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'ds_sessions' "
                 "AND COLUMN_NAME = 'title'"
-            )
+            ).columns(n=BigInteger)
         )
         # InnoDB's lock wait is a setting of the connection's session, not of a transaction:
         # a batched delete sets it for itself and puts back the value it found.

@@ -104,10 +104,42 @@ def _run_mysql_admin(url: str, sql: str) -> None:
         pool.submit(asyncio.run, _mysql_admin(url, sql)).result()
 
 
-def create_mysql_database(base_url: str) -> str:
-    """Create an empty database on the MySQL server of ``base_url``; return its URL."""
+async def _copy_mysql_tables(base_url: str, source: str, target: str) -> None:
+    """Copy every table of the database ``source`` (its definition as ``SHOW CREATE TABLE``
+    gives it, foreign keys included, which ``CREATE TABLE ... LIKE`` drops, and its rows)
+    into the empty database ``target``, on one connection without foreign key checks."""
+    server = make_url(base_url).set(database=None).render_as_string(False)
+    async with raw_mysql(server) as conn, conn.cursor() as cursor:
+        await cursor.execute("SET SESSION FOREIGN_KEY_CHECKS = 0")
+        await cursor.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+            "AND table_type = 'BASE TABLE'",
+            (source,),
+        )
+        tables = [row[0] for row in await cursor.fetchall()]
+        # A definition names its tables without a database (its foreign keys' too): used
+        # in ``target``, each names the copy there.
+        await cursor.execute(f"USE `{target}`")
+        for table in tables:
+            await cursor.execute(f"SHOW CREATE TABLE `{source}`.`{table}`")
+            (_, definition) = await cursor.fetchone()
+            await cursor.execute(definition)
+            await cursor.execute(
+                f"INSERT INTO `{target}`.`{table}` SELECT * FROM `{source}`.`{table}`"
+            )
+
+
+def create_mysql_database(base_url: str, *, template: str | None = None) -> str:
+    """Create a database on the MySQL server of ``base_url`` and return its URL: empty, or
+    a copy of every table (and row) of the database of the URL ``template`` (MySQL has no
+    ``CREATE DATABASE ... TEMPLATE``)."""
     name = f"ds_test_{uuid.uuid4().hex[:12]}"
     _run_mysql_admin(base_url, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    if template is not None:
+        source = make_url(template).database
+        assert source is not None
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, _copy_mysql_tables(base_url, source, name)).result()
     return make_url(base_url).set(database=name).render_as_string(hide_password=False)
 
 
@@ -140,6 +172,33 @@ def fresh_mysql_url(mysql_url: str, _mysql_dropper: _Dropper) -> Iterator[Callab
 
     def make() -> str:
         made.append(create_mysql_database(mysql_url))
+        return made[-1]
+
+    yield make
+    for url in made:
+        _mysql_dropper.drop(url)
+
+
+@pytest.fixture(scope="session")
+def mysql_template_url(mysql_url: str) -> Iterator[str]:
+    """A MySQL database migrated once per run, which no test writes to: each migrated
+    database a test asks for is a copy of its tables (``create_mysql_database``)."""
+    url = create_mysql_database(mysql_url)
+    _migrate(url)
+    yield url
+    drop_mysql_database(mysql_url, url)
+
+
+@pytest.fixture
+def fresh_migrated_mysql_url(
+    mysql_url: str, mysql_template_url: str, _mysql_dropper: _Dropper
+) -> Iterator[Callable[[], str]]:
+    """A factory of new migrated MySQL databases (copies of the template), dropped after
+    the test: for a test that needs a database of its own, or several."""
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(create_mysql_database(mysql_url, template=mysql_template_url))
         return made[-1]
 
     yield make

@@ -18,7 +18,7 @@ from durable_sessions import Event, Session, SQLStore, Store
 from durable_sessions.crypto import LocalKeyring
 from durable_sessions.sealing import INDEX
 from durable_sessions.sql.schema import keys
-from support.sql import SQL_BACKENDS
+from support.sql import MYSQL, SQL_BACKENDS
 
 ROUNDS = 12
 """Organisations whose first writes race (each round a new one)."""
@@ -39,7 +39,7 @@ async def _index_keys(engine: AsyncEngine, org_id: str) -> int:
         return int((await conn.execute(query)).scalar_one())
 
 
-@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("backend", [*SQL_BACKENDS, MYSQL])
 async def test_two_stores_racing_an_organisations_first_writes_share_one_index_key(
     engine: AsyncEngine, backend_url: str, tmp_path: Path
 ) -> None:

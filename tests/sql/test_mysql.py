@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import pytest
 from sqlalchemy import make_url
@@ -15,7 +14,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from durable_sessions import (
     DeletionIncompleteError,
     Event,
-    InvalidArgumentError,
     Manager,
     SessionExistsError,
     SQLStore,
@@ -201,11 +199,3 @@ async def test_a_watched_engine_raises_the_same_errors(mysql_engine: AsyncEngine
             await Manager(store, app_name="app").save(second)
     assert seen
     assert (await store.get("org", "s")).user_id == "ada"
-
-
-async def test_a_keyring_is_refused_on_mysql(mysql_engine: AsyncEngine, tmp_path: Path) -> None:
-    from durable_sessions.crypto import LocalKeyring
-
-    keyring = LocalKeyring(tmp_path / "keys.json")
-    with pytest.raises(InvalidArgumentError, match="not supported on MySQL"):
-        SQLStore(mysql_engine, keyring=keyring)

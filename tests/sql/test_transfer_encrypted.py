@@ -1,4 +1,4 @@
-"""Export and import of an encrypted store, on SQLite and Postgres.
+"""Export and import of an encrypted store, on SQLite, Postgres and MySQL.
 
 An export of an encrypted store stays encrypted (sealed values and wrapped data keys) and
 imports into a fresh database opened with the same keyring: every value reads back, and
@@ -33,9 +33,9 @@ from durable_sessions.sealing import INDEX, PREFIX
 from durable_sessions.sql import transfer
 from durable_sessions.sql.schema import events, keys, sessions
 from durable_sessions.sql.transfer import KeyringRequiredError, export_jsonl, import_jsonl
-from support.sql import SQL_BACKENDS
+from support.sql import MYSQL, SQL_BACKENDS
 
-pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS)
+pytestmark = pytest.mark.parametrize("backend", [*SQL_BACKENDS, MYSQL])
 
 SECRET = "quokkasecret"
 """A word users said: never in an encrypted export, found by search after an import."""
@@ -53,6 +53,8 @@ def fresh_url(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> C
             path = tmp_path / f"fresh{next(made)}.db"
             shutil.copy(request.getfixturevalue("sqlite_template"), path)
             return f"sqlite+aiosqlite:///{path}"
+        if backend == "mysql":
+            return str(request.getfixturevalue("fresh_migrated_mysql_url")())
         return str(request.getfixturevalue("fresh_migrated_pg_url")())
 
     return make

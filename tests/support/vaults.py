@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from durable_sessions import InMemoryStore, SQLStore
 from durable_sessions.crypto import Keyring
 
-__all__ = ["MemoryVault", "PostgresVault", "SQLiteVault"]
+__all__ = ["MemoryVault", "MySQLVault", "PostgresVault", "SQLiteVault", "mysql_bytes"]
 
 
 @dataclass
@@ -131,7 +131,10 @@ class SQLiteVault:
 class PostgresVault(SQLiteVault):
     """A Postgres database: its rows, as text, are what a dump or a replica holds."""
 
-    TABLES = ("ds_sessions", "ds_events", "ds_user_state", "ds_app_state", "ds_keys")
+    TABLES = (
+        "ds_sessions", "ds_events", "ds_user_state", "ds_app_state", "ds_keys", "ds_memories",
+        "ds_memory_terms", "durable_sessions_alembic_version",
+    )  # fmt: skip
 
     def __init__(self, url: str, keyring: Keyring, copy_database: Any) -> None:
         self.url = url
@@ -167,4 +170,57 @@ class PostgresVault(SQLiteVault):
             "(SELECT state -> CAST(:key AS text) FROM ds_sessions WHERE org_id = :org "
             "AND id = :source)) WHERE org_id = :org AND id = :target",
             key=key, org=org, source=source, target=target,
+        )  # fmt: skip
+
+
+async def mysql_bytes(engine: AsyncEngine) -> bytes:
+    """Every stored value of every table of a MySQL database (the search words, the memory
+    terms and the migration version too): bytes as they are, text as UTF-8, one line a
+    row."""
+    out = []
+    async with engine.connect() as conn:
+        tables = await conn.exec_driver_sql(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() "
+            "AND table_type = 'BASE TABLE' ORDER BY table_name"
+        )
+        for (table,) in tables.all():
+            for row in await conn.exec_driver_sql(f"SELECT * FROM `{table}`"):
+                out.append(b"\t".join(_stored(value) for value in row))
+    return b"\n".join(out)
+
+
+def _stored(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    return (value if isinstance(value, str) else str(value)).encode()
+
+
+class MySQLVault(PostgresVault):
+    """A MySQL (MariaDB) database: its rows, every value as stored, are what a dump holds."""
+
+    async def raw(self) -> bytes:
+        """Every row of every table (with the words of the search and of memories)."""
+        return await mysql_bytes(self.engine)
+
+    async def snapshot(self) -> Any:
+        """A copy of the database (each table's definition and rows, into a new one)."""
+        return self._copy_database(self.url)
+
+    async def move_private_value(self, org: str, source: str, target: str, key: str) -> None:
+        """Copy session ``source``'s stored value of ``key`` over ``target``'s."""
+        # A join, not a subquery: MySQL reads no table an UPDATE writes in a subquery.
+        await self._copy(
+            "UPDATE ds_sessions AS t JOIN ds_sessions AS s ON s.org_id = t.org_id "
+            "AND s.id = :source SET t.state = JSON_SET(t.state, :path, "
+            "JSON_EXTRACT(s.state, :path)) WHERE t.org_id = :org AND t.id = :target",
+            path="$." + json.dumps(key), org=org, source=source, target=target,
+        )  # fmt: skip
+
+    async def move_content(self, org: str, source: str, target: str) -> None:
+        """Copy the first event's stored content of ``source`` over ``target``'s first."""
+        await self._copy(
+            "UPDATE ds_events AS t JOIN ds_events AS s ON s.org_id = t.org_id "
+            "AND s.session_id = :source AND s.seq = 1 SET t.content = s.content "
+            "WHERE t.org_id = :org AND t.session_id = :target AND t.seq = 1",
+            org=org, source=source, target=target,
         )  # fmt: skip

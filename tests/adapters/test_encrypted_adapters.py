@@ -15,26 +15,21 @@ from google.adk.events import Event as AdkEvent
 from google.adk.events import EventActions
 from google.genai import types
 
-from durable_sessions import SQLStore
 from durable_sessions.adk import DurableSessionService
-from durable_sessions.crypto import LocalKeyring
 from durable_sessions.openai_agents import DurableSession
+from support.sql import MYSQL, SQL_BACKENDS
+from support.vaults import open_vault
 
 
-@pytest.fixture
-async def encrypted(tmp_path: Path) -> AsyncIterator[tuple[SQLStore, Path]]:
-    """An encrypted store on a new SQLite file, and the file."""
-    db = tmp_path / "sessions.db"
-    store = SQLStore.from_url(f"sqlite:///{db}", keyring=LocalKeyring(tmp_path / "keys.json"))
-    await store.migrate()
-    yield store, db
-    await store.close()
+@pytest.fixture(params=[pytest.param("memory", marks=pytest.mark.memory), *SQL_BACKENDS, MYSQL])
+async def encrypted(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    """An encrypted store of every kind, and what its database holds (``raw()``)."""
+    async for vault in open_vault(request, tmp_path):
+        yield vault
 
 
-@pytest.mark.sqlite
 async def test_the_openai_agents_session_over_an_encrypted_store(encrypted: Any) -> None:
-    store, db = encrypted
-    session = DurableSession("conversation", store)
+    session = DurableSession("conversation", encrypted.store)
     items: list[Any] = [
         {"role": "user", "content": "my code is zorblax"},
         {"role": "assistant", "content": "noted"},
@@ -44,13 +39,11 @@ async def test_the_openai_agents_session_over_an_encrypted_store(encrypted: Any)
     branch = await session.fork()
     assert await branch.get_items(limit=1) == items[1:]
     assert await session.pop_item() == items[1]
-    assert b"zorblax" not in db.read_bytes()
+    assert b"zorblax" not in await encrypted.raw()
 
 
-@pytest.mark.sqlite
 async def test_the_adk_service_over_an_encrypted_store(encrypted: Any) -> None:
-    store, db = encrypted
-    service = DurableSessionService(store, org_id="org")
+    service = DurableSessionService(encrypted.store, org_id="org")
     session = await service.create_session(
         app_name="app", user_id="u", state={"user:pin": "quixotry"}
     )
@@ -66,6 +59,6 @@ async def test_the_adk_service_over_an_encrypted_store(encrypted: Any) -> None:
     assert [e.content.parts[0].text for e in found.events if e.content and e.content.parts] == [
         "hello flumox"
     ]
-    data = db.read_bytes()
+    data = await encrypted.raw()
     assert b"flumox" not in data
     assert b"quixotry" not in data

@@ -21,7 +21,7 @@ from durable_sessions import (
 )
 from durable_sessions.crypto import LocalKeyring
 from support.sql import MYSQL, SQL_BACKENDS
-from support.vaults import MemoryVault, MySQLVault, PostgresVault, SQLiteVault
+from support.vaults import open_vault
 
 SECRETS = ["zanzibar", "quokkahat", "marzipanic", "umbrellic", "tangerinox", "vortexal"]
 """Words that occur nowhere else: each is looked for in the stored bytes."""
@@ -32,57 +32,15 @@ ORG = "org"
 @pytest.fixture(params=[pytest.param("memory", marks=pytest.mark.memory), *SQL_BACKENDS, MYSQL])
 async def vault(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
     """An encrypted store of each kind, with its keyring at ``tmp_path / 'keys.json'``."""
-    async for made in _vault(request, tmp_path):
+    async for made in open_vault(request, tmp_path):
         yield made
 
 
 @pytest.fixture(params=[*SQL_BACKENDS, MYSQL])
 async def sql_vault(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
     """An encrypted SQL store of each kind (a database outlives a store without a keyring)."""
-    async for made in _vault(request, tmp_path):
+    async for made in open_vault(request, tmp_path):
         yield made
-
-
-async def _vault(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    keyring = LocalKeyring(tmp_path / "keys.json")
-    made: Any
-    copies: list[str] = []
-    dropper: Any = None
-    if request.param == "memory":
-        made = MemoryVault(keyring)
-    elif request.param == "sqlite":
-        url = request.getfixturevalue("migrated_sqlite_url")
-        made = SQLiteVault(Path(url.removeprefix("sqlite+aiosqlite:///")), keyring)
-    elif request.param == "mysql":
-        from conftest import create_mysql_database
-
-        server = request.getfixturevalue("mysql_url")
-        dropper = request.getfixturevalue("_mysql_dropper")
-
-        def copy_mysql(url: str) -> str:
-            copies.append(create_mysql_database(server, template=url))
-            return copies[-1]
-
-        made = MySQLVault(
-            request.getfixturevalue("fresh_migrated_mysql_url")(), keyring, copy_mysql
-        )
-    else:
-        from conftest import create_pg_database
-
-        base = request.getfixturevalue("pg_base_url")
-
-        def copy_database(url: str) -> str:
-            copies.append(create_pg_database(base, template=url))
-            return copies[-1]
-
-        dropper = request.getfixturevalue("_pg_dropper")
-        made = PostgresVault(
-            request.getfixturevalue("fresh_migrated_pg_url")(), keyring, copy_database
-        )
-    yield made
-    await made.close()
-    for url in copies:
-        dropper.drop(url)
 
 
 async def _fill(store: Store, user: str, word: str, session_id: str) -> Session:

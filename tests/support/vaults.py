@@ -12,6 +12,7 @@ import json
 import pickle
 import shutil
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,16 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import InMemoryStore, SQLStore
-from durable_sessions.crypto import Keyring
+from durable_sessions.crypto import Keyring, LocalKeyring
 
-__all__ = ["MemoryVault", "MySQLVault", "PostgresVault", "SQLiteVault", "mysql_bytes"]
+__all__ = [
+    "MemoryVault",
+    "MySQLVault",
+    "PostgresVault",
+    "SQLiteVault",
+    "mysql_bytes",
+    "open_vault",
+]
 
 
 @dataclass
@@ -224,3 +232,48 @@ class MySQLVault(PostgresVault):
             "WHERE t.org_id = :org AND t.session_id = :target AND t.seq = 1",
             org=org, source=source, target=target,
         )  # fmt: skip
+
+
+async def open_vault(request: Any, tmp_path: Path) -> AsyncIterator[Any]:
+    """The vault of ``request.param`` (``"memory"``, ``"sqlite"``, ``"postgres"`` or
+    ``"mysql"``) for a pytest fixture to yield, with its keyring at ``tmp_path /
+    'keys.json'``; closed, and its copies dropped, after."""
+    keyring = LocalKeyring(tmp_path / "keys.json")
+    made: Any
+    copies: list[str] = []
+    dropper: Any = None
+    if request.param == "memory":
+        made = MemoryVault(keyring)
+    elif request.param == "sqlite":
+        url = request.getfixturevalue("migrated_sqlite_url")
+        made = SQLiteVault(Path(url.removeprefix("sqlite+aiosqlite:///")), keyring)
+    elif request.param == "mysql":
+        from conftest import create_mysql_database
+
+        server = request.getfixturevalue("mysql_url")
+        dropper = request.getfixturevalue("_mysql_dropper")
+
+        def copy_mysql(url: str) -> str:
+            copies.append(create_mysql_database(server, template=url))
+            return copies[-1]
+
+        made = MySQLVault(
+            request.getfixturevalue("fresh_migrated_mysql_url")(), keyring, copy_mysql
+        )
+    else:
+        from conftest import create_pg_database
+
+        base = request.getfixturevalue("pg_base_url")
+
+        def copy_database(url: str) -> str:
+            copies.append(create_pg_database(base, template=url))
+            return copies[-1]
+
+        dropper = request.getfixturevalue("_pg_dropper")
+        made = PostgresVault(
+            request.getfixturevalue("fresh_migrated_pg_url")(), keyring, copy_database
+        )
+    yield made
+    await made.close()
+    for url in copies:
+        dropper.drop(url)

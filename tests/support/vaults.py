@@ -247,32 +247,20 @@ async def open_vault(request: Any, tmp_path: Path) -> AsyncIterator[Any]:
     elif request.param == "sqlite":
         url = request.getfixturevalue("migrated_sqlite_url")
         made = SQLiteVault(Path(url.removeprefix("sqlite+aiosqlite:///")), keyring)
-    elif request.param == "mysql":
-        from conftest import create_mysql_database
+    else:  # a server's database: a copy of the migrated template, and copies of it
+        from conftest import create_mysql_database, create_pg_database
 
-        server = request.getfixturevalue("mysql_url")
-        dropper = request.getfixturevalue("_mysql_dropper")
-
-        def copy_mysql(url: str) -> str:
-            copies.append(create_mysql_database(server, template=url))
-            return copies[-1]
-
-        made = MySQLVault(
-            request.getfixturevalue("fresh_migrated_mysql_url")(), keyring, copy_mysql
-        )
-    else:
-        from conftest import create_pg_database
-
-        base = request.getfixturevalue("pg_base_url")
+        mysql = request.param == "mysql"
+        server = request.getfixturevalue("mysql_url" if mysql else "pg_base_url")
+        dropper = request.getfixturevalue("_mysql_dropper" if mysql else "_pg_dropper")
+        create = create_mysql_database if mysql else create_pg_database
 
         def copy_database(url: str) -> str:
-            copies.append(create_pg_database(base, template=url))
+            copies.append(create(server, template=url))
             return copies[-1]
 
-        dropper = request.getfixturevalue("_pg_dropper")
-        made = PostgresVault(
-            request.getfixturevalue("fresh_migrated_pg_url")(), keyring, copy_database
-        )
+        fresh = request.getfixturevalue(f"fresh_migrated_{'mysql' if mysql else 'pg'}_url")
+        made = (MySQLVault if mysql else PostgresVault)(fresh(), keyring, copy_database)
     yield made
     await made.close()
     for url in copies:

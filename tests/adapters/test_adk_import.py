@@ -536,3 +536,34 @@ async def test_import_memory_does_not_grow_with_the_data(
     assert len(got.events) == EVENTS_PER_SESSION
     texts = [e.content.parts[0].text for e in got.events if e.content and e.content.parts]
     assert texts == ["x" * BIG_EVENT_CHARS] * EVENTS_PER_SESSION
+
+
+async def test_an_import_into_an_encrypted_store_is_sealed(
+    tmp_path: Path, engine: AsyncEngine, backend: str
+) -> None:
+    """Into a store with a keyring, what import_adk copied is sealed when it returns: no
+    stored title, state value, event or search word holds the ADK data in clear, and every
+    ADK call and search answers as before."""
+    from durable_sessions.crypto import LocalKeyring
+
+    adk_url = f"sqlite+aiosqlite:///{tmp_path / 'adk.db'}"
+    adk = DatabaseSessionService(db_url=adk_url)
+    store = SQLStore(engine, keyring=LocalKeyring(tmp_path / "keys.json"))
+    try:
+        kept = await write_with_adk(adk)
+        counts = await import_adk(adk_url, store, org_id=ORG)
+        assert (counts.sessions, counts.events) == (7, 34)
+        stored = repr(await snapshot(engine)).lower()
+        for word in ("paris", "concierge-said", "noted", "message 17", "gold", '"fr"'):
+            assert word not in stored, word
+        if backend == "mysql":
+            async with engine.connect() as conn:
+                found = await conn.exec_driver_sql("SELECT word FROM ds_event_words")
+                words = {bytes(row[0]).decode() for row in found}
+            assert words
+            assert not words & {"paris", "noted", "message", "17"}
+        await assert_same_answers(adk, DurableSessionService(store, org_id=ORG), kept)
+        hits = await store.search(ORG, "live in Paris")
+        assert [h.event.invocation_id for h in hits] == ["inv-1"]
+    finally:
+        await adk.close()

@@ -670,7 +670,11 @@ async def import_adk(
 ) -> AdkImportCounts:
     """Copy every session, event and shared state of an ADK database into ``org_id``.
 
-    All or nothing, in one transaction of the target (see the module's docstring).
+    All or nothing, in one transaction of the target (see the module's docstring). Into a
+    store with a keyring, what was copied is then sealed, as every row it writes
+    (``SQLStore.reencrypt(new_keys=False)``, online and in batches, over the whole store:
+    until it returns, the copied rows are in plaintext; if it is stopped, run
+    ``durable-sessions keys reencrypt --resume`` to finish).
 
     Args:
         source: The ADK database: the URL its ``DatabaseSessionService`` was given
@@ -703,6 +707,8 @@ async def import_adk(
                 await _copy_sessions(found, loader, org_id, progress)
                 await _copy_state(found, loader, org_id)
                 await loader.finish()
+    if store.keyring is not None:
+        await store.reencrypt(new_keys=False)
     return AdkImportCounts(**loader.counted())
 
 

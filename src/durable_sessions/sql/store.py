@@ -1,8 +1,11 @@
-"""SQLStore: the Store contract over one SQLAlchemy Core schema, on SQLite and Postgres.
+"""SQLStore: the Store contract over one SQLAlchemy Core schema, on SQLite, Postgres (Citus
+too) and MySQL (MariaDB).
 
 This module checks each call's arguments, builds its parameters and shapes its results; the
-statements and the programs that run them are per dialect (``sql/sqlite.py``,
-``sql/postgres.py``), on the base of ``sql/statements.py`` and ``sql/programs.py``.
+statements and the programs that run them are per dialect (``sql/dialects/``), on the base
+of ``sql/statements.py`` and ``sql/programs.py``; with a keyring, values are sealed and
+opened here (``sealing.Envelope``), and the writes that open values to seal them again are
+``sql/sealed.py`` (fork) and ``sql/reseal.py`` (reencrypt).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from ..memories import owner_token
 from ..model import Memory
 from ..sealing import USER, Envelope
 from .compiled import Compiled
-from .dialects.mysql.programs import WORDS, word_rows, words_insert
+from .dialects.mysql.programs import WORDS, retried, word_rows, words_insert
 from .memories import MemoryStatements, reindex_program
 from .runner import Mode, Program, Query
 from .schema import app_state, events, memories, sessions, user_state
@@ -268,15 +268,17 @@ class Resealer:
         forget = self.shape("reseal:words:delete", _words_delete)
         insert_words = self.shape("reseal:words:insert", words_insert)
 
-        def writes(rows: builtins.list[dict[str, Any]]) -> Program[None]:
+        def each(rows: builtins.list[dict[str, Any]]) -> Program[None]:
             # MySQL: each event's words rows follow its content, in its transaction: a
             # plaintext event's words leave the index for its blind terms.
             for row in rows:
-                terms = row.pop("v_words")
                 if (yield Query(write, row)).rowcount:
                     yield Query(forget, row)
-                    if terms:
-                        yield Query(insert_words, terms, many=True)
+                    if row["v_words"]:
+                        yield Query(insert_words, row["v_words"], many=True)
+
+        def writes(rows: builtins.list[dict[str, Any]]) -> Program[None]:
+            return retried(lambda: each(rows))  # begun again after a deadlock
 
         return await self._walk("events", build, ("", "", -1), reseal, write, writes)
 

@@ -10,8 +10,12 @@ write lock is free), and the pooled connection commits the next write.
 The cancellation points are not found by timing: each operation runs under a wrapper that
 counts its task's suspensions (every ``await`` that yields to the event loop) and cancels
 the task at the Nth, for N = 1, 2, 3, ... until the operation completes; a second sweep
-makes the Nth call to the driver itself raise ``CancelledError``. A storm of tasks with
-random timeouts on a small pool then checks the same on every dialect under contention.
+makes the Nth call to the driver itself raise ``CancelledError``. Both sweeps run again over
+an encrypted store (a keyring) for the writes that seal, whose extra suspensions (the
+session's owner read, data keys fetched, made and unwrapped, the sealed fork, a user's keys
+destroyed) must be as safe; after each attempt the stored data must still open. A storm of
+tasks with random timeouts on a small pool then checks the same on every dialect under
+contention.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import asyncio
 import contextlib
 import gc
 import io
+import itertools
 import logging
+import os
 import random
 import sqlite3
 import types
@@ -28,6 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Gene
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import aiosqlite
@@ -35,18 +42,23 @@ import asyncmy.connection  # type: ignore[import-untyped]
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 import sqlalchemy
-from sqlalchemy import make_url, select, update
+from sqlalchemy import insert, make_url, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool, NullPool
 
+import durable_sessions.crypto
+import durable_sessions.sealing
 from durable_sessions import (
+    DecryptionError,
     Event,
     Session,
     SessionNotFoundError,
     SQLStore,
     StaleSessionError,
 )
-from durable_sessions.sql.schema import metadata, sessions
+from durable_sessions.crypto import LocalKeyring
+from durable_sessions.sealing import PREFIX
+from durable_sessions.sql.schema import keys, metadata, sessions
 from reliability.figures import Figures
 from reliability.helpers import reset_tables
 from support.sql import MYSQL, SQL_BACKENDS, raw_mysql, raw_pg, run_through_dbapi
@@ -180,10 +192,28 @@ async def attempt_driver_fault(
 Snapshot = dict[str, list[tuple[Any, ...]]]
 
 
-async def observe(independent: AsyncEngine, *, skip: Collection[str] = ()) -> Snapshot:
-    """Every row of every table (volatile columns left out; sessions in ``skip`` too)."""
+SEARCH_INDEX = "search index"
+BLIND_INDEX = {
+    "sqlite": "SELECT org_id, session_id, seq, search_terms FROM ds_events "
+    "ORDER BY org_id, session_id, seq",
+    "postgres": "SELECT org_id, session_id, seq, search_vector::text FROM ds_events "
+    "ORDER BY org_id, session_id, seq",
+    "mysql": "SELECT org_id, word, session_id, seq, n FROM ds_event_words "
+    "ORDER BY org_id, word, session_id, seq",
+}
+"""What each dialect's search index holds of the events, outside the tables' metadata: an
+encrypted store writes it (the blind index) itself, the sealed fork too."""
+
+
+async def observe(
+    independent: AsyncEngine, *, skip: Collection[str] = (), index: str | None = None
+) -> Snapshot:
+    """Every row of every table (volatile columns left out; sessions in ``skip`` too), and
+    with ``index`` (a ``BLIND_INDEX`` query) the search index's rows."""
     out: Snapshot = {}
     async with independent.connect() as conn:
+        if index is not None:
+            out[SEARCH_INDEX] = [tuple(row) for row in await conn.exec_driver_sql(index)]
         for table in metadata.sorted_tables:
             keep = [c for c in table.columns if c.name not in VOLATILE]
             rows = await conn.execute(select(*keep).order_by(*table.primary_key.columns))
@@ -269,10 +299,13 @@ def new_session(session_id: str, user: str = "alice", **state: Any) -> Session:
     return Session(id=session_id, org_id=ORG, user_id=user, app_name="app", state=dict(state))
 
 
-def event(event_id: str, n: int, **delta: Any) -> Event:
+def event(event_id: str, n: int, *, words: bool = False, **delta: Any) -> Event:
+    content: dict[str, Any] = {"n": n}
+    if words:  # text for the search index (encrypted: the blind index, keyed hashes of it)
+        content["text"] = f"note {event_id} number {n}"
     return Event(
         "agent",
-        content={"n": n},
+        content=content,
         state_delta=dict(delta),
         tokens=n,
         id=event_id,
@@ -281,12 +314,14 @@ def event(event_id: str, n: int, **delta: Any) -> Event:
 
 
 async def seed(store: SQLStore, engine: AsyncEngine) -> None:
-    """alice: s1 (2 events), s2 (1 event), both not updated for years; bob: s3, recent."""
+    """alice: s1 (2 events), s2 (1 event), both not updated for years; bob: s3, recent.
+    Encrypted, the events have words (a blind index)."""
+    words = store.keyring is not None
     await store.create(new_session("s1", k=1, **{"user:u": 1, "app:a": 1}))
-    await store.append_event(ORG, "s1", event("e1", 1, k=2))
-    await store.append_event(ORG, "s1", event("e2", 2, **{"user:u": 2}))
+    await store.append_event(ORG, "s1", event("e1", 1, words=words, k=2))
+    await store.append_event(ORG, "s1", event("e2", 2, words=words, **{"user:u": 2}))
     await store.create(new_session("s2", k=1))
-    await store.append_event(ORG, "s2", event("e3", 3))
+    await store.append_event(ORG, "s2", event("e3", 3, words=words))
     await store.create(new_session("s3", user="bob"))
     await store.create(new_session("probe", user="bob"))
     async with engine.begin() as conn:
@@ -303,8 +338,21 @@ async def _create(store: SQLStore) -> Callable[[], Awaitable[Any]]:
     return lambda: store.create(new_session("new", k=5, **{"user:n": 5, "app:n": 5}))
 
 
+async def _create_new_owner(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    # Encrypted: a user and an app with no data key yet, so the create makes both (each
+    # wrapped by the keyring and stored in ds_keys, in a transaction of its own) first.
+    made = Session(
+        id="new", org_id=ORG, user_id="carol", app_name="other",
+        state={"k": 5, "user:n": 5, "app:n": 5},
+    )  # fmt: skip
+    return lambda: store.create(made)
+
+
 async def _save(store: SQLStore) -> Callable[[], Awaitable[Any]]:
-    session = await store.get(ORG, "s1")
+    # Encrypted: read through another store, so that the save's own (the one swept) reads
+    # the session's owner and fetches and unwraps its data keys itself.
+    reader = store if store.keyring is None else SQLStore(store.engine, keyring=store.keyring)
+    session = await reader.get(ORG, "s1")
     session.title = "saved"
     session.set("k", 9)
     session.set("user:u", 9)
@@ -313,8 +361,9 @@ async def _save(store: SQLStore) -> Callable[[], Awaitable[Any]]:
 
 
 async def _append(store: SQLStore) -> Callable[[], Awaitable[Any]]:
+    words = store.keyring is not None
     return lambda: store.append_event(
-        ORG, "s1", event("e-new", 7, k=7, **{"user:u": 7, "app:x": 7})
+        ORG, "s1", event("e-new", 7, words=words, k=7, **{"user:u": 7, "app:x": 7})
     )
 
 
@@ -349,7 +398,11 @@ async def _delete_user(store: SQLStore) -> Callable[[], Awaitable[Any]]:
 
 
 async def _append_events(store: SQLStore) -> Callable[[], Awaitable[Any]]:
-    batch = [event("b1", 8, k=8), event("b2", 9, **{"user:u": 9, "app:b": 9})]
+    words = store.keyring is not None
+    batch = [
+        event("b1", 8, words=words, k=8),
+        event("b2", 9, words=words, **{"user:u": 9, "app:b": 9}),
+    ]
     return lambda: store.append_events(ORG, "s1", batch)
 
 
@@ -395,7 +448,17 @@ WRITES: dict[str, Op] = {
     "delete": _delete,
     "purge": _purge,
     "delete_user": _delete_user,
+    "create_new_owner": _create_new_owner,
 }
+PLAIN_WRITES = [name for name in WRITES if name != "create_new_owner"]
+"""The writes swept over a plain store (a new owner is nothing new without a keyring)."""
+ENCRYPTED_WRITES = [
+    "create", "save", "append_event", "append_events", "touch", "fork", "truncate_events",
+    "delete_user", "create_new_owner",
+]  # fmt: skip
+"""The writes swept over an encrypted store: each seals (touch: the title; fork: the child's
+state, title and events, opened and sealed again), destroys keys (delete_user) or makes them
+(create_new_owner)."""
 # delete_user deletes sessions (in batches, each a transaction), then the user's state,
 # then the user's long-term memories: each step's tables may be seen done before the next.
 BETWEEN = {
@@ -404,6 +467,77 @@ BETWEEN = {
         ("ds_sessions", "ds_events", "ds_user_state", "ds_app_state"),
     ]
 }
+# Encrypted: a write whose owner has no data key makes it first, and stores it (wrapped) in a
+# transaction of its own: ds_keys may hold any of the new keys without the write.
+MAKES_KEYS = {"create_new_owner"}
+
+
+class SeededSecrets:
+    """``secrets`` for the library's sealing and keyring modules in an encrypted sweep: the
+    same bytes again after each ``restart``, so that a data key a write makes (its id, its
+    material, its wrapping, its scope's secret in the keyring) is the same in the expected
+    run and in every attempt."""
+
+    def __init__(self) -> None:
+        self._random = random.Random()
+        self.restart()
+
+    def restart(self) -> None:
+        self._random.seed(20240611)
+
+    def token_bytes(self, nbytes: int = 32) -> bytes:
+        return self._random.randbytes(nbytes)
+
+    def token_hex(self, nbytes: int = 32) -> str:
+        return self.token_bytes(nbytes).hex()
+
+
+@dataclass
+class Keys:
+    """An encrypted sweep's keys: the keyring file, and the data keys of the first seed.
+
+    Data keys are random, made when a scope's first value is sealed: two seeds would seal
+    with different keys. So the first seed's data keys (its rows of ``ds_keys``) and the
+    keyring file (the secrets of their scopes) are kept, and put back before every later
+    seed, which then seals with them; sealing being deterministic (the nonce is a MAC of
+    the row's associated data and the plaintext), every seed stores the same bytes.
+    """
+
+    path: Path
+    monkeypatch: pytest.MonkeyPatch
+    secrets: SeededSecrets = field(default_factory=SeededSecrets)
+    rows: list[dict[str, Any]] | None = None  # ds_keys after the first seed
+    keyring: bytes = b""  # the keyring file after it
+
+    async def stored(self, engine: AsyncEngine) -> list[dict[str, Any]]:
+        async with engine.connect() as conn:
+            found = await conn.execute(select(keys).order_by(keys.c.org_id, keys.c.key_id))
+            return [dict(row._mapping) for row in found]
+
+    async def keep(self, engine: AsyncEngine) -> None:
+        """Keep the first seed's data keys and keyring; from now on a data key made (by a
+        write under test) is made of the seeded bytes."""
+        self.rows = await self.stored(engine)
+        self.keyring = self.path.read_bytes()
+        assert self.rows, "the seed made no data key"
+        self.monkeypatch.setattr(durable_sessions.sealing, "secrets", self.secrets)
+        self.monkeypatch.setattr(durable_sessions.crypto, "secrets", self.secrets)
+
+    async def restore(self, engine: AsyncEngine) -> None:
+        """Put the kept data keys back (the tables emptied) and the keyring file as it was
+        (delete_user forgot a scope, a new owner's key added one)."""
+        assert self.rows is not None
+        async with engine.begin() as conn:
+            await conn.execute(insert(keys), self.rows)
+        temp = self.path.with_name(f".{self.path.name}.restored")
+        temp.write_bytes(self.keyring)
+        os.chmod(temp, 0o600)
+        os.replace(temp, self.path)
+
+    async def unchanged(self, engine: AsyncEngine) -> None:
+        """The seed sealed with the kept keys: it made no data key and no keyring secret."""
+        assert await self.stored(engine) == self.rows, "the seed made a data key"
+        assert self.path.read_bytes() == self.keyring, "the seed changed the keyring"
 
 
 @dataclass
@@ -415,33 +549,98 @@ class Sweep:
     engine: AsyncEngine  # the store's, with ONE pooled connection: each attempt reuses it
     independent: AsyncEngine
     checker: Checker
+    # Encrypted: the seeds' and the reads' after each attempt (with one pooled connection, of
+    # its own: an encrypted seed on a new connection per statement would double the time).
+    helper: AsyncEngine
     cancelled: int = 0
+    keys: Keys | None = None  # encrypted: every store has a keyring over one keyring file
+
+    def encrypt(self, path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Make the sweep's stores (the seed's, ``expected``'s, each attempt's, the
+        checks') encrypted, with the keyring file ``path``."""
+        self.keys = Keys(path, monkeypatch)
+
+    def store(self, engine: AsyncEngine | None = None) -> SQLStore:
+        """A new store on ``engine`` (the store engine by default): encrypted with a new
+        keyring over the sweep's keyring file, when the sweep is (no key cached)."""
+        engine = self.engine if engine is None else engine
+        if self.keys is None:
+            return SQLStore(engine)
+        return SQLStore(engine, keyring=LocalKeyring(self.keys.path))
 
     async def fresh(self) -> None:
         await reset_tables(self.independent)
-        await seed(SQLStore(self.independent), self.independent)
+        if self.keys is None:
+            await seed(self.store(self.independent), self.independent)
+            return
+        if self.keys.rows is None:  # the first seed makes the keyring and the data keys
+            await seed(self.store(self.helper), self.helper)
+            await self.keys.keep(self.helper)
+        else:
+            await self.keys.restore(self.helper)
+            await seed(self.store(self.helper), self.helper)
+            await self.keys.unchanged(self.helper)
+        self.keys.secrets.restart()
+
+    async def observe(self) -> Snapshot:
+        """What an independent connection sees (the probe left out); encrypted, the blind
+        search index too."""
+        index = None if self.keys is None else BLIND_INDEX[self.backend]
+        return await observe(self.independent, skip={"probe"}, index=index)
 
     async def expected(self, name: str) -> list[Snapshot]:
         """The states an independent connection may see: before, after, and in between."""
         await self.fresh()
-        before = await observe(self.independent, skip={"probe"})
-        store = SQLStore(self.engine)
+        before = await self.observe()
+        if self.keys is not None:
+            await self.fresh()  # over the kept keys: the same bytes, or no sweep can compare
+            again = await self.observe()
+            assert again == before, "two seeds over the same data keys store different bytes"
+            for table in ("ds_sessions", "ds_events", "ds_user_state", "ds_app_state"):
+                assert PREFIX in repr(before[table]), f"nothing sealed in {table}"
+            assert any(row[-1] for row in before[SEARCH_INDEX]), "no word in the blind index"
+        store = self.store()
         op = await WRITES[name](store)
         await op()
-        after = await observe(self.independent, skip={"probe"})
+        after = await self.observe()
         allowed = [before, after]
         for done in BETWEEN.get(name, []):
+            if "ds_events" in done and SEARCH_INDEX in after:  # it goes with the events
+                done = (*done, SEARCH_INDEX)
             allowed.append({**before, **{t: after[t] for t in done}})
+        if self.keys is not None:
+            # Only delete_user (destroying the user's) and a new owner's write change keys.
+            changed = after["ds_keys"] != before["ds_keys"]
+            assert changed == (name in MAKES_KEYS or name == "delete_user"), name
+            if name in MAKES_KEYS:
+                allowed += keys_made_first(before, after)
         assert before != after, f"{name} wrote nothing to compare"
         return allowed
 
     async def check(self, name: str, allowed: list[Snapshot], how: str) -> None:
         await self.checker.nothing_left_open()
-        seen = await observe(self.independent, skip={"probe"})
+        seen = await self.observe()
         assert seen in allowed, f"{name}, {how}: a partial write is visible"
-        await self.checker.pool_commits(SQLStore(self.engine), "probe")
+        if self.keys is not None:
+            await self.still_opens(f"{name}, {how}")
+        await self.checker.pool_commits(self.store(), "probe")
         await self.checker.nothing_left_open()
-        assert await observe(self.independent, skip={"probe"}) == seen
+        assert await self.observe() == seen
+
+    async def still_opens(self, how: str) -> None:
+        """A new encrypted store reads every session with its events: no stored value names
+        a data key that is missing, or that the keyring no longer unwraps."""
+        reader = self.store(self.helper)
+        async with self.helper.connect() as conn:
+            found = await conn.execute(
+                select(sessions.c.id).where(sessions.c.org_id == ORG).order_by(sessions.c.id)
+            )
+            ids = list(found.scalars())
+        for session_id in ids:
+            try:
+                await reader.get_with_events(ORG, session_id)
+            except DecryptionError as exc:
+                raise AssertionError(f"{how}: session {session_id!r} no longer opens") from exc
 
     async def sweep(
         self,
@@ -453,7 +652,7 @@ class Sweep:
         allowed = await self.expected(name)
         for n in range(1, MAX_POINTS):
             await self.fresh()
-            op = await WRITES[name](SQLStore(self.engine))
+            op = await WRITES[name](self.store())
             outcome = await run(op, n)
             if outcome.error is not None:
                 raise AssertionError(f"{name}, {how} {n}: raised {outcome.error!r}")
@@ -465,6 +664,19 @@ class Sweep:
                 return
             self.cancelled += 1
         raise AssertionError(f"{name}: still cancelled after {MAX_POINTS} points")
+
+
+def keys_made_first(before: Snapshot, after: Snapshot) -> list[Snapshot]:
+    """The states of a write that makes data keys (each stored in a transaction of its own)
+    cancelled after some of them: the tables as before, ``ds_keys`` with some new keys."""
+    new = [row for row in after["ds_keys"] if row not in before["ds_keys"]]
+    assert new, "the write made no data key"
+    states = []
+    for size in range(1, len(new) + 1):
+        for made in itertools.combinations(new, size):
+            kept = [row for row in after["ds_keys"] if row in before["ds_keys"] or row in made]
+            states.append({**before, "ds_keys": kept})
+    return states
 
 
 @contextlib.asynccontextmanager
@@ -493,30 +705,47 @@ async def sweeper(
     """A store engine with one pooled connection, an independent engine, and the checker."""
     store_engine = pooled(backend_url, 1)
     independent = create_async_engine(backend_url, poolclass=NullPool)
+    helper = pooled(backend_url, 1)  # connects only when used (encrypted)
     try:
         async with admin_connection(backend, backend_url) as admin:
             checker = Checker(backend, backend_url, independent, admin)
-            yield Sweep(backend, backend_url, store_engine, independent, checker)
+            yield Sweep(backend, backend_url, store_engine, independent, checker, helper)
     finally:
         await store_engine.dispose()
         await independent.dispose()
+        await helper.dispose()
 
 
 # -- (a) every cancellation point of every write ------------------------------------------------
 
 
-@pytest.mark.parametrize("write", list(WRITES))
-async def test_cancel_at_every_await_of_every_write(sweeper: Sweep, write: str) -> None:
-    """Cancel each write at its 1st, 2nd, 3rd... suspension until it completes."""
+SWEPT = [
+    *(pytest.param(name, False, id=name) for name in PLAIN_WRITES),
+    *(pytest.param(name, True, id=f"{name}-encrypted") for name in ENCRYPTED_WRITES),
+]
+"""Every write over a plain store, and the writes that seal over an encrypted one."""
+
+
+@pytest.mark.parametrize(("write", "encrypted"), SWEPT)
+async def test_cancel_at_every_await_of_every_write(
+    sweeper: Sweep, write: str, encrypted: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancel each write at its 1st, 2nd, 3rd... suspension until it completes (encrypted:
+    the stored data still opens after each)."""
+    if encrypted:
+        sweeper.encrypt(tmp_path / "keyring.json", monkeypatch)
     await sweeper.sweep(write, lambda op, n: attempt(op, {n}), "cancelled at suspension")
     assert sweeper.cancelled >= 1
 
 
-@pytest.mark.parametrize("write", list(WRITES))
+@pytest.mark.parametrize(("write", "encrypted"), SWEPT)
 async def test_driver_call_raises_cancelled_at_every_call(
-    sweeper: Sweep, write: str, monkeypatch: pytest.MonkeyPatch
+    sweeper: Sweep, write: str, encrypted: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The write's 1st, 2nd, 3rd... call to the driver raises CancelledError itself."""
+    """The write's 1st, 2nd, 3rd... call to the driver raises CancelledError itself
+    (encrypted: the stored data still opens after each)."""
+    if encrypted:
+        sweeper.encrypt(tmp_path / "keyring.json", monkeypatch)
     backend = sweeper.backend
 
     async def run(op: Callable[[], Awaitable[Any]], n: int) -> Outcome:

@@ -551,7 +551,8 @@ class Sweep:
     checker: Checker
     # Encrypted: the seeds' and the reads' after each attempt (with one pooled connection, of
     # its own: an encrypted seed on a new connection per statement would double the time).
-    helper: AsyncEngine
+    # Unused by a plain sweep, which may leave it out.
+    helper: AsyncEngine | None = None
     cancelled: int = 0
     keys: Keys | None = None  # encrypted: every store has a keyring over one keyring file
 
@@ -573,13 +574,15 @@ class Sweep:
         if self.keys is None:
             await seed(self.store(self.independent), self.independent)
             return
+        helper = self.helper
+        assert helper is not None, "an encrypted sweep seeds through its helper engine"
         if self.keys.rows is None:  # the first seed makes the keyring and the data keys
-            await seed(self.store(self.helper), self.helper)
-            await self.keys.keep(self.helper)
+            await seed(self.store(helper), helper)
+            await self.keys.keep(helper)
         else:
-            await self.keys.restore(self.helper)
-            await seed(self.store(self.helper), self.helper)
-            await self.keys.unchanged(self.helper)
+            await self.keys.restore(helper)
+            await seed(self.store(helper), helper)
+            await self.keys.unchanged(helper)
         self.keys.secrets.restart()
 
     async def observe(self) -> Snapshot:
@@ -630,8 +633,10 @@ class Sweep:
     async def still_opens(self, how: str) -> None:
         """A new encrypted store reads every session with its events: no stored value names
         a data key that is missing, or that the keyring no longer unwraps."""
-        reader = self.store(self.helper)
-        async with self.helper.connect() as conn:
+        helper = self.helper
+        assert helper is not None, "an encrypted sweep reads through its helper engine"
+        reader = self.store(helper)
+        async with helper.connect() as conn:
             found = await conn.execute(
                 select(sessions.c.id).where(sessions.c.org_id == ORG).order_by(sessions.c.id)
             )

@@ -16,30 +16,18 @@ import builtins
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import (
-    Text,
-    and_,
-    bindparam,
-    cast,
-    column,
-    delete,
-    or_,
-    select,
-    table,
-    tuple_,
-    update,
-)
-from sqlalchemy.dialects.postgresql import TSVECTOR
+from sqlalchemy import and_, bindparam, delete, or_, select, tuple_, update
 
-from ..fulltext import search_vector_of
 from ..memories import owner_token
 from ..model import Memory
 from ..sealing import USER, Envelope
 from .compiled import Compiled
-from .dialects.mysql.programs import WORDS, retried, word_rows, words_insert
+from .dialect import DialectOps
+from .dialects.mysql.programs import WORDS, retried, words_insert
 from .memories import MemoryStatements, reindex_program
 from .runner import Mode, Program, Query
 from .schema import app_state, events, memories, sessions, user_state
+from .search import event_index
 
 __all__ = ["Resealer"]
 
@@ -87,9 +75,8 @@ class Resealer:
         env: The store's envelope (its data keys).
         shape: Compiles a statement once (``Statements.shape``).
         run: Runs a program in a mode (``Runner.run``).
-        index: How events carry their blind index terms: ``"vector"`` (Postgres: a search
-            vector), ``"terms"`` (SQLite: ``search_terms``) or ``"words"`` (MySQL: rows of
-            ``ds_event_words``).
+        ops: The store's dialect (where its events carry their blind index terms,
+            ``search.EventIndex``; MySQL's batches begun again after a deadlock).
         batch: Rows per batch.
         memory_q: The store's memory statements (a resealed memory's terms are recounted).
     """
@@ -99,7 +86,7 @@ class Resealer:
         env: Envelope,
         shape: Shape,
         run: Run,
-        index: str,
+        ops: DialectOps,
         batch: int,
         memory_q: MemoryStatements,
     ) -> None:
@@ -107,11 +94,12 @@ class Resealer:
         self.env = env
         self.shape = shape
         self.run = run
-        self.index = index
+        self.index = event_index(ops)
+        self.mysql = ops.is_mysql
         self.batch = batch
 
     def _after(self, *cols: Any) -> Any:
-        return _after(*cols, spelled_out=self.index == "words")
+        return _after(*cols, spelled_out=self.mysql)
 
     async def scopes(self) -> tuple[builtins.list[tuple[str, str]], builtins.list[tuple[str, str]]]:
         """The (org, user) and (org, app) pairs that own data."""
@@ -224,27 +212,14 @@ class Resealer:
             blind = (await env.sealer.index_key(org)).blind(content)
             found = {"k_org": org, "k_id": sid, "k_seq": row.seq, "k_event": eid,
                      "v_content": sealed, "v_delta": sealed_delta}  # fmt: skip
-            if self.index == "vector":
-                found["v_vector"] = search_vector_of(blind.split())
-            elif self.index == "terms":
-                found["v_terms"] = blind
+            if index.in_words:
+                found["v_words"] = index.word_rows(org, sid, row.seq, blind)
             else:
-                found["v_words"] = word_rows(org, sid, row.seq, None, blind)
+                found["v_index"] = index.value(blind)
             return found
 
-        index: dict[str, Any] = {}
-        if self.index == "vector":
-            target: Any = table(
-                E.name, *[column(c.name, c.type) for c in E.c], column("search_vector", TSVECTOR)
-            )
-            index = {"search_vector": cast(bindparam("v_vector", type_=Text), TSVECTOR)}
-        elif self.index == "terms":
-            target = table(
-                E.name, *[column(c.name, c.type) for c in E.c], column("search_terms", Text)
-            )
-            index = {"search_terms": bindparam("v_terms", type_=Text)}
-        else:
-            target = E
+        index = self.index
+        target = index.target()
 
         def write_stmt() -> Any:
             return (
@@ -258,12 +233,12 @@ class Resealer:
                 .values(
                     content=bindparam("v_content", type_=E.c.content.type),
                     state_delta=bindparam("v_delta", type_=E.c.state_delta.type),
-                    **index,
+                    **index.bound("v_index"),
                 )
             )
 
         write = self.shape("reseal:events:write", write_stmt)
-        if self.index != "words":
+        if not self.mysql:
             return await self._walk("events", build, ("", "", -1), reseal, write)
         forget = self.shape("reseal:words:delete", _words_delete)
         insert_words = self.shape("reseal:words:insert", words_insert)

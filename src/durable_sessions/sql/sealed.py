@@ -15,21 +15,20 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Text, bindparam, cast, column, insert, table
-from sqlalchemy.dialects.postgresql import TSVECTOR
+from sqlalchemy import insert
 from sqlalchemy.engine import Dialect
 
 from ..errors import DecryptionError, SessionExistsError, SessionNotFoundError
-from ..fulltext import search_vector_of
 from ..model import Session
 from ..prepare import fork_state, merge_state
 from ..sealing import DataKey, Envelope, Sealer, row_aad
 from .compiled import Compiled
 from .dialect import DialectOps
-from .dialects.mysql.programs import DUPLICATE, retried, word_rows
+from .dialects.mysql.programs import DUPLICATE, retried
 from .programs import Job, event_from_row, session_from_row, shared_items
 from .runner import Program, Query
 from .schema import events
+from .search import EventIndex, event_index
 from .statements import Statements
 from .stepwise import StepwiseStatements, bound_row, fork_row
 from .translate import mysql_errno
@@ -45,10 +44,12 @@ class ForkStatements:
     """The dialect's steps: ``StepwiseStatements`` (SQLite, Postgres) or ``MySQLStatements``."""
     events: Compiled
     insert_event: Compiled
-    index: str
-    """How each event row carries its blind index terms: ``"terms"`` (SQLite: its
-    ``search_terms``, which the full-text index reads), ``"vector"`` (Postgres: its search
-    vector) or ``"words"`` (MySQL: its rows of ``ds_event_words``)."""
+    """The insert of an event row, with its blind index terms in ``index``'s column (on
+    MySQL without: they are rows of ``ds_event_words``)."""
+    index: EventIndex
+    mysql: bool
+    """Whether the dialect is MySQL: the parent locked ``FOR UPDATE``, a taken child id told
+    by its duplicate key error, the fork begun again after a deadlock."""
 
 
 def sealed_fork_statements(
@@ -58,20 +59,12 @@ def sealed_fork_statements(
     Postgres's steps."""
     q: Any = own if own is not None else StepwiseStatements(ops, dialect)
     every_event = q.compile(q.events_query(False, False))
-    if ops.is_mysql:
-        return ForkStatements(q, every_event, q.insert_event, index="words")
-    if own is not None:
-        return ForkStatements(q, every_event, q.insert_event, index="terms")
-    with_vector = table(
-        events.name, *[column(c.name, c.type) for c in events.c], column("search_vector", TSVECTOR)
-    )
-    values = {
-        **bound_row(events),
-        "search_vector": cast(bindparam("search_vector", type_=Text), TSVECTOR),
-    }
-    return ForkStatements(
-        q, every_event, q.compile(insert(with_vector).values(values)), index="vector"
-    )
+    index = event_index(ops)
+    if own is not None:  # SQLite's insert sets search_terms; MySQL's words are rows
+        return ForkStatements(q, every_event, q.insert_event, index, ops.is_mysql)
+    values = {**bound_row(events), **index.bound(index.column)}
+    insert_event = q.compile(insert(index.target()).values(values))
+    return ForkStatements(q, every_event, insert_event, index, mysql=False)
 
 
 def sealed_fork(
@@ -88,7 +81,7 @@ def sealed_fork(
     Returns the child with its state (and shared state) sealed as stored: the caller
     opens it.
     """
-    if statements.index == "words":  # MySQL: begun again after a deadlock
+    if statements.mysql:  # begun again after a deadlock
         return Job(retried(lambda: _fork(statements, params, keys, current, index)), "write")
     return Job(_fork(statements, params, keys, current, index), "write")
 
@@ -96,7 +89,7 @@ def sealed_fork(
 def _insert_child(statements: ForkStatements, row: dict[str, Any]) -> Program[bool]:
     """Insert the child's row; False when its id is taken."""
     q = statements.q
-    if statements.index != "words":
+    if not statements.mysql:
         return (yield Query(q.insert_session, row)).first() is not None
     try:  # MySQL: no insert that skips a taken key and says so
         yield Query(q.insert_session, row)
@@ -117,7 +110,7 @@ def _fork(
     q = statements.q
     org_id, parent_id, child_id = params["k_org"], params["k_id"], params["k_child"]
     with_events = params["v_with_events"]
-    locked = q.lock_row if statements.index == "words" else q.parent
+    locked = q.lock_row if statements.mysql else q.parent
     parent = (yield Query(locked, {"k_org": org_id, "k_id": parent_id})).first()
     if parent is None:
         raise SessionNotFoundError(org_id, parent_id)
@@ -154,13 +147,11 @@ def _fork(
                     "tokens": event.tokens, "timestamp": event.timestamp,
                 }
             )  # fmt: skip
-            blind = index.blind(content)
-            if statements.index == "vector":
-                rows[-1]["search_vector"] = search_vector_of(blind.split())
-            elif statements.index == "terms":
-                rows[-1]["search_terms"] = blind
+            blind, carrier = index.blind(content), statements.index
+            if carrier.in_words:
+                words += carrier.word_rows(org_id, child_id, event.seq, blind)
             else:
-                words += word_rows(org_id, child_id, event.seq, None, blind)
+                rows[-1][carrier.column] = carrier.value(blind)
         if rows:
             yield Query(statements.insert_event, rows, many=True)
         if words:

@@ -14,11 +14,9 @@ import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import Text, bindparam, cast, column, select, table, update
-from sqlalchemy.dialects.postgresql import TSVECTOR
+from sqlalchemy import bindparam, select, update
 
 from ..errors import DecryptionError
-from ..fulltext import search_vector_of
 from ..memories import memory_terms, owner_token
 from ..sealing import (
     INDEX,
@@ -31,8 +29,9 @@ from ..sealing import (
     row_aad,
 )
 from .dialect import dialect_ops
-from .dialects.mysql.programs import word_rows, words_insert
+from .dialects.mysql.programs import words_insert
 from .schema import keys
+from .search import event_index
 from .transactions import TransactionConnection
 
 __all__ = ["BlindIndexer", "key_record", "key_row", "open_record"]
@@ -123,17 +122,11 @@ class BlindIndexer:
         """The export's data keys that did not unwrap (organisation, key id)."""
         self.keys_held = False
         """Whether key rows were given to the import since it last flushed."""
-        events: list[Any] = [column("org_id"), column("session_id"), column("seq")]
-        if self.ops.is_mysql:  # rows of ds_event_words (``write``)
+        self.index = event_index(self.ops)
+        if self.index.in_words:  # rows of ds_event_words (``write``)
             self._update: Any = words_insert()
             return
-        if self.ops.is_postgres:
-            target = table("ds_events", *events, column("search_vector", TSVECTOR))
-            value: Any = cast(bindparam("b_terms", type_=Text), TSVECTOR)
-            name = "search_vector"
-        else:  # SQLite: the full-text index reads search_terms where it is set
-            target = table("ds_events", *events, column("search_terms", Text))
-            value, name = bindparam("b_terms", type_=Text), "search_terms"
+        target = self.index.target()
         self._update = (
             update(target)
             .where(
@@ -141,7 +134,7 @@ class BlindIndexer:
                 target.c.session_id == bindparam("b_session"),
                 target.c.seq == bindparam("b_seq"),
             )
-            .values({name: value})
+            .values(self.index.bound("b_terms"))
         )
 
     async def check_key(self, line: int, row: dict[str, Any]) -> None:
@@ -237,14 +230,11 @@ class BlindIndexer:
         )
         # An unreadable event is indexed under no word (its sealed text is no words).
         terms = "" if content is _UNREADABLE else (await self._index_key(org)).blind(content)
-        if self.ops.is_mysql:
-            self._pending += word_rows(org, sid, row["seq"], None, terms)
+        if self.index.in_words:
+            self._pending += self.index.word_rows(org, sid, row["seq"], terms)
             return
-        if self.ops.is_postgres:
-            terms = search_vector_of(terms.split())
-        self._pending.append(
-            {"b_org": org, "b_session": sid, "b_seq": row["seq"], "b_terms": terms}
-        )
+        at = {"b_org": org, "b_session": sid, "b_seq": row["seq"]}
+        self._pending.append({**at, "b_terms": self.index.value(terms)})
 
     async def memory_terms(self, line: int, row: dict[str, Any]) -> str | None:
         """The terms column of a sealed memory (its owner's token and blind terms), or None

@@ -8,7 +8,8 @@ the SQLAlchemy metadata, so they are named here as lightweight tables and column
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Boolean,
@@ -28,11 +29,17 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSQUERY, TSVECTOR
 
 from ..fulltext import query_words, search_vector, search_vector_of
 from ..model import Event
+from .dialects.mysql.programs import word_rows
 from .schema import events, sessions
 from .statements import EVENT_COLUMNS
 
+if TYPE_CHECKING:
+    from .dialect import DialectOps
+
 __all__ = [
     "EVENTS_WITH_TERMS",
+    "EventIndex",
+    "event_index",
     "fts_match",
     "indexed_vector",
     "mysql_search_query",
@@ -56,6 +63,64 @@ EVENTS_WITH_TERMS = table(
 """SQLite's ``ds_events`` with ``search_terms`` (revision 0012), outside the metadata as the
 rest of search: an encrypted store's blind index text, which the full-text index reads
 instead of the (sealed) content where it is not NULL."""
+
+
+@dataclass(frozen=True)
+class EventIndex:
+    """Where a dialect keeps an encrypted store's blind index terms of an event (its
+    content's words, each a keyed hash: ``DataKey.blind``), for the writes that set them
+    outside ``append`` (a sealed fork, ``reencrypt``, an encrypted import):
+
+    - ``"terms"`` (SQLite): the row's ``search_terms``, which the full-text index reads
+      instead of the sealed content where it is set;
+    - ``"vector"`` (Postgres): the row's ``search_vector``, made of the terms;
+    - ``"words"`` (MySQL): the event's rows of ``ds_event_words``, one per distinct term.
+    """
+
+    kind: str
+    """``"terms"``, ``"vector"`` or ``"words"``."""
+
+    @property
+    def in_words(self) -> bool:
+        """Whether the terms are rows of ``ds_event_words`` (``word_rows``), not a column
+        of the event's row (``column``, ``value``)."""
+        return self.kind == "words"
+
+    @property
+    def column(self) -> str:
+        """The event row's column that holds the terms (none on MySQL)."""
+        if self.kind == "words":
+            raise ValueError("MySQL keeps an event's blind index terms in ds_event_words rows")
+        return "search_vector" if self.kind == "vector" else "search_terms"
+
+    def target(self) -> Any:
+        """``ds_events`` with ``column``, for a write that sets it (``ds_events`` on MySQL)."""
+        if self.kind == "words":
+            return E
+        kind = TSVECTOR if self.kind == "vector" else Text
+        return table(E.name, *[column(c.name, c.type) for c in E.c], column(self.column, kind))
+
+    def bound(self, name: str) -> dict[str, Any]:
+        """``column`` given the parameter ``name`` (a ``value``), for ``target``'s
+        ``values``: nothing on MySQL."""
+        if self.kind == "words":
+            return {}
+        param = bindparam(name, type_=Text)
+        return {self.column: cast(param, TSVECTOR) if self.kind == "vector" else param}
+
+    def value(self, terms: str) -> str:
+        """What ``column`` holds for an event whose blind index terms are ``terms``."""
+        return search_vector_of(terms.split()) if self.kind == "vector" else terms
+
+    @staticmethod
+    def word_rows(org_id: str, session_id: str, seq: int, terms: str) -> list[dict[str, Any]]:
+        """An event's rows of ``ds_event_words`` for its blind index ``terms`` (MySQL)."""
+        return word_rows(org_id, session_id, seq, None, terms)
+
+
+def event_index(ops: DialectOps) -> EventIndex:
+    """The dialect's ``EventIndex``."""
+    return EventIndex("vector" if ops.is_postgres else "words" if ops.is_mysql else "terms")
 
 
 def indexed_vector(event: Event) -> str:

@@ -523,7 +523,7 @@ class SQLStore:
             env,
             lambda n, b: self._q.shape(n, b),
             self._runner.run,
-            "vector" if self._ops.is_postgres else "words" if self._ops.is_mysql else "terms",
+            self._ops,
             batch,
             self._memory_q,
         )

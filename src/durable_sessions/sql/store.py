@@ -317,19 +317,20 @@ class SQLStore:
     async def _ready(self, operation: str) -> None:
         """Decide on first use, once (every operation awaits this before it builds its
         program): Postgres asks the database for the mode (unless ``distributed`` said
-        it) and whether ``ds_events.search_vector`` is a column writes fill."""
+        it) and whether ``ds_events.search_vector`` is a column writes fill; MySQL, in one
+        read, for ``max_allowed_packet`` and (with a keyring) the title column's size."""
         if self._vectors is None and self._ops.is_mysql:
             programs = self._programs
             assert isinstance(programs, MySQLPrograms)
-            packet = await self._runner.run(programs.max_packet(), "read", operation)
+            sealed = self._env is not None  # titles sealed: is the column wide enough?
+            limits = programs.limits(title=sealed)
+            packet, width = await self._runner.run(limits, "read", operation)
             check_packet(packet, self.max_value_bytes)
-            if self._env is not None:
-                width = await self._runner.run(programs.title_width(), "read", operation)
-                if width is not None and width < SEALED_TITLE_BYTES:
-                    raise SchemaNotMigratedError(
-                        "a store with a keyring on MySQL stores sealed titles, which need "
-                        "revision 0014: run `durable-sessions migrate` (or store.migrate())"
-                    )
+            if width is not None and width < SEALED_TITLE_BYTES:
+                raise SchemaNotMigratedError(
+                    "a store with a keyring on MySQL stores sealed titles, which need "
+                    "revision 0014: run `durable-sessions migrate` (or store.migrate())"
+                )
             self._vectors = False
         elif self._vectors is None:
             found = await self._runner.run(detect_schema(self._engine.dialect), "read", operation)

@@ -221,12 +221,13 @@ class MySQLStatements(Statements):
         )
         self.drop_after = c(delete(events).where(*doomed))
         self.max_packet = c(select(literal_column("@@max_allowed_packet", BigInteger).label("n")))
-        self.title_width = c(
+        # With the size of ds_sessions.title in bytes (NULL before the table exists).
+        self.limits = c(
             text(
-                "SELECT CHARACTER_MAXIMUM_LENGTH AS n FROM information_schema.COLUMNS "
-                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'ds_sessions' "
-                "AND COLUMN_NAME = 'title'"
-            ).columns(n=BigInteger)
+                "SELECT @@max_allowed_packet AS n, (SELECT CHARACTER_MAXIMUM_LENGTH FROM "
+                "information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND "
+                "TABLE_NAME = 'ds_sessions' AND COLUMN_NAME = 'title') AS title"
+            ).columns(n=BigInteger, title=BigInteger)
         )
         # InnoDB's lock wait is a setting of the connection's session, not of a transaction:
         # a batched delete sets it for itself and puts back the value it found.
@@ -564,14 +565,12 @@ class MySQLPrograms(Programs):
         yield Query(self.q.reset_lock_wait)
         return deleted
 
-    def max_packet(self) -> Program[int]:
-        """The server's ``max_allowed_packet``, in bytes."""
-        return int((yield Query(self.q.max_packet, {})).first().n)
-
-    def title_width(self) -> Program[int | None]:
-        """The size of ``ds_sessions.title`` in bytes; None before the table exists."""
-        found = (yield Query(self.q.title_width, {})).first()
-        return None if found is None else int(found.n)
+    def limits(self, title: bool) -> Program[tuple[int, int | None]]:
+        """The server's ``max_allowed_packet`` in bytes and, with ``title``, the size of
+        ``ds_sessions.title`` in bytes (else None, as before the table exists): one read."""
+        found = (yield Query(self.q.limits if title else self.q.max_packet, {})).first()
+        width = found.title if title else None
+        return int(found.n), None if width is None else int(width)
 
     def delete(self, key: dict[str, Any]) -> Job[None]:
         return self._write(lambda: self._delete(key))

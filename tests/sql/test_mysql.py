@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 from sqlalchemy import make_url
@@ -21,7 +22,7 @@ from durable_sessions import (
     StoreError,
     StoreUnavailableError,
 )
-from support.sql import raw_mysql, statements
+from support.sql import data_statements, raw_mysql, statements
 
 pytestmark = pytest.mark.mysql
 
@@ -69,6 +70,31 @@ async def test_a_small_max_allowed_packet_is_one_typed_error_naming_the_setting(
         await Manager(store, app_name="app").create("org", "ada")
     assert "set max_allowed_packet" in str(caught.value)
     assert await Manager(SQLStore(mysql_engine), app_name="app").create("org", "ada")
+
+
+@pytest.mark.parametrize("keyring", [False, True], ids=["plain", "keyring"])
+async def test_a_stores_first_operation_asks_the_server_once(
+    mysql_engine: AsyncEngine, keyring: bool, tmp_path: Path
+) -> None:
+    """The server's settings a store checks at its first operation (its packet size and,
+    with a keyring, the title column's size) come in one read, before the operation's own
+    statements and never again."""
+    ring = None
+    if keyring:
+        from durable_sessions.crypto import LocalKeyring
+
+        ring = LocalKeyring(tmp_path / "keys.json")
+    created = await Manager(SQLStore(mysql_engine, keyring=ring), app_name="app").create("o", "u")
+    store = SQLStore(mysql_engine, keyring=ring)
+    with statements(mysql_engine) as seen:
+        assert await store.get("o", created.id)
+    settings = [s for s in data_statements(seen) if "@@max_allowed_packet" in s]
+    assert len(settings) == 1
+    assert ("information_schema" in settings[0]) is keyring
+    assert "@@max_allowed_packet" in data_statements(seen)[0]
+    with statements(mysql_engine) as again:
+        assert await store.get("o", created.id)
+    assert not [s for s in data_statements(again) if "@@" in s or "information_schema" in s]
 
 
 async def test_concurrent_appends_get_gapless_seqs(mysql_engine: AsyncEngine) -> None:

@@ -57,13 +57,6 @@ _KEYS = table(
     column("seq", Integer),
 )
 
-EVENTS_WITH_TERMS = table(
-    events.name, *[column(col.name, col.type) for col in events.c], column("search_terms", Text)
-)
-"""SQLite's ``ds_events`` with ``search_terms`` (revision 0012), outside the metadata as the
-rest of search: an encrypted store's blind index text, which the full-text index reads
-instead of the (sealed) content where it is not NULL."""
-
 
 @dataclass(frozen=True)
 class EventIndex:
@@ -121,6 +114,12 @@ class EventIndex:
 def event_index(ops: DialectOps) -> EventIndex:
     """The dialect's ``EventIndex``."""
     return EventIndex("vector" if ops.is_postgres else "words" if ops.is_mysql else "terms")
+
+
+EVENTS_WITH_TERMS = EventIndex("terms").target()
+"""SQLite's ``ds_events`` with ``search_terms`` (revision 0012), outside the metadata as the
+rest of search: an encrypted store's blind index text, which the full-text index reads
+instead of the (sealed) content where it is not NULL."""
 
 
 def indexed_vector(event: Event) -> str:

@@ -87,12 +87,17 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", "--strict", "src")
 
 
+PYTEST_WORKERS = ["--numprocesses", "auto", "--maxprocesses", "4"]
+"""pytest-xdist: one worker per core, at most four (each migrates its own template databases;
+more would mostly add lock waits on one database server)."""
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the whole test suite: memory, SQLite, and Postgres when its URL is set."""
     session.install("-e", ".[sqlite,postgres,mysql,web]")
     install_group(session, "test")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *PYTEST_WORKERS, *session.posargs)
 
 
 @nox.session
@@ -114,6 +119,7 @@ def lowest(session: nox.Session) -> None:
     # run in the second step, with google-adk.
     session.run(
         "pytest",
+        *PYTEST_WORKERS,
         "--ignore=tests/adapters/test_adk.py",
         "--ignore=tests/unit/test_private_api.py",
         *session.posargs,
@@ -124,7 +130,7 @@ def lowest(session: nox.Session) -> None:
     constraints.write_text("\n".join(floors) + "\n", encoding="utf-8")
     session.install("-c", str(constraints), "-e", f".[{','.join(extras)}]")
     show_versions(session)
-    session.run("pytest", *ADK_TESTS, *session.posargs)
+    session.run("pytest", *PYTEST_WORKERS, *ADK_TESTS, *session.posargs)
 
 
 @nox.session
@@ -140,7 +146,7 @@ def newest(session: nox.Session) -> None:
         *nox.project.dependency_groups(PYPROJECT, "test"),
     )
     show_versions(session)
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *PYTEST_WORKERS, *session.posargs)
 
 
 @nox.session

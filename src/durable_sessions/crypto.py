@@ -266,7 +266,10 @@ class LocalKeyring:
         return master_id, nonce + kek.encrypt(nonce, key, scope.encode("utf-8"))
 
     async def unwrap(self, scope: str, master_id: str, wrapped: bytes) -> bytes:
-        """Decrypt a data key of ``scope`` (see ``Keyring``)."""
+        """Decrypt a data key of ``scope`` (see ``Keyring``). The file is read again first
+        when it changed, so a scope forgotten (or a master key removed) by another process
+        sharing it does not unwrap here either."""
+        self._refresh()
         masters, scopes = self._data["masters"], self._data["scopes"]
         if master_id not in masters or scope not in scopes:
             with self._locked():  # added by another process since this one read the file?

@@ -91,6 +91,24 @@ async def test_forgetting_a_scope_leaves_the_others_readable(tmp_path: Path) -> 
         assert await each.unwrap("kept", *kept) == KEY
 
 
+async def test_what_another_process_forgot_or_removed_no_longer_unwraps(tmp_path: Path) -> None:
+    """An erasure reaches every process that shares the keyring file: one that read a scope's
+    secret (or a master key) before another process forgot it (or removed it) refuses it
+    too, so that a copy of the database made earlier stays unreadable there as well."""
+    first, second = LocalKeyring(tmp_path / "keys.json"), LocalKeyring(tmp_path / "keys.json")
+    gone, kept = await first.wrap("gone", KEY), await first.wrap("kept", KEY)
+    assert await second.unwrap("gone", *gone) == KEY  # read while it was there
+    await first.forget("gone")
+    with pytest.raises(DecryptionError, match="erased"):
+        await second.unwrap("gone", *gone)
+    assert await second.unwrap("kept", *kept) == KEY
+    old = first.current_master()
+    first.rotate()
+    first.remove(old)
+    with pytest.raises(DecryptionError, match="not in this keyring"):
+        await second.unwrap("kept", *kept)
+
+
 def test_a_path_that_is_not_a_keyring_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="not a regular file"):
         LocalKeyring(tmp_path)

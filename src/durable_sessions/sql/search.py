@@ -116,6 +116,8 @@ def event_index(ops: DialectOps) -> EventIndex:
     return EventIndex("vector" if ops.is_postgres else "words" if ops.is_mysql else "terms")
 
 
+_VECTOR = EventIndex("vector")
+
 EVENTS_WITH_TERMS = EventIndex("terms").target()
 """SQLite's ``ds_events`` with ``search_terms`` (revision 0012), outside the metadata as the
 rest of search: an encrypted store's blind index text, which the full-text index reads
@@ -126,7 +128,7 @@ def indexed_vector(event: Event) -> str:
     """The search vector a write sends for an event (Postgres): of its content's words, or,
     for an encrypted store's sealed event, of its blind index terms (``search_terms``)."""
     terms = getattr(event, "search_terms", None)
-    return search_vector(event.content) if terms is None else search_vector_of(terms.split())
+    return search_vector(event.content) if terms is None else _VECTOR.value(terms)
 
 
 def fts_match(text: str) -> str:

@@ -29,8 +29,10 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from durable_sessions import Event, Manager, SQLStore
+from durable_sessions.sql.dialects.mysql.programs import ATTEMPTS
 from durable_sessions.sql.migrate import current, head, upgrade
 from durable_sessions.sql.schema import VERSION_TABLE, metadata
+from durable_sessions.sql.translate import mysql_errno
 from support.revisions import upgrade_released
 from support.sql import raw_mysql
 
@@ -215,6 +217,13 @@ def _replanned(exc: DBAPIError) -> bool:
     return "InvalidCachedStatement" in type(exc.orig).__name__
 
 
+def _lost_a_lock(exc: DBAPIError) -> bool:
+    """MySQL's answer to a transaction chosen to break a deadlock, a metadata lock's among
+    them while an ALTER waits for its turn (or one that waited too long for a row lock):
+    rolled back, it is to be run again, as the library's own writes are (``retried``)."""
+    return mysql_errno(exc) in (1213, 1205)
+
+
 class Probe:
     """The previous release at work: reads a session, reads a transcript and appends, each
     every PROBE_EVERY seconds, timing every operation."""
@@ -225,6 +234,7 @@ class Probe:
         self.count: dict[str, int] = dict.fromkeys(self.longest, 0)
         self.errors: list[str] = []
         self.replanned = 0
+        self.lost_locks = 0
         self.appended: list[tuple[str, int]] = []
         self._stop = asyncio.Event()
         self._progress = asyncio.Condition()
@@ -312,13 +322,17 @@ class Probe:
             n += 1
             started = time.monotonic()
             try:
-                try:
-                    await operation(n)
-                except DBAPIError as exc:
-                    if not _replanned(exc):
-                        raise
-                    self.replanned += 1
-                    await operation(n)
+                for attempt in range(ATTEMPTS):
+                    try:
+                        await operation(n)
+                        break
+                    except DBAPIError as exc:
+                        if _replanned(exc) and attempt == 0:
+                            self.replanned += 1
+                        elif _lost_a_lock(exc) and attempt < ATTEMPTS - 1:
+                            self.lost_locks += 1
+                        else:
+                            raise
             except Exception as exc:
                 self.errors.append(f"{name}: {exc!r}"[:500])
             took = time.monotonic() - started

@@ -253,6 +253,23 @@ class MySQLStatements(Statements):
             and_(S.c.updated_at == at, S.c.id < bindparam("k_after_id", type_=ID)),
         )
 
+    def listing(
+        self,
+        columns: builtins.list[Any],
+        user: bool,
+        app: bool,
+        parent: bool,
+        limit: bool,
+        after: bool = False,
+    ) -> Any:
+        """The listing, reading its own index whatever the statistics say: MariaDB prices
+        one user's sessions from sampled statistics and now and then reads the whole
+        organisation's index instead of the user's, filtering each row. The index named is
+        the best plan for the filter in every case (a range in ``list``'s order)."""
+        query = super().listing(columns, user, app, parent, limit, after)
+        index = "ix_ds_sessions_user_org_updated" if user else "ix_ds_sessions_org_updated"
+        return query.with_hint(S, f"FORCE INDEX ({index})")
+
     def locked(self, query: Any) -> Any:
         """``query`` locking the rows it reads (``FOR UPDATE``) until the transaction ends."""
         return query.with_for_update()

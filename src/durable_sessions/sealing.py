@@ -4,7 +4,8 @@ A *data key* (256 random bits) protects one scope's data in one organisation: a 
 (``"user"``: sessions, private state, titles, events, ``user:`` state), an app's (``"app"``:
 ``app:`` state), or the organisation's search index (``"index"``: the key of its blind
 index). A store keeps its data keys in a key table, each *wrapped* by the keyring
-(``crypto.Keyring``), and unwraps each once per process.
+(``crypto.Keyring``), and unwraps each when it needs it (again every
+``Sealer.KEEP_SECONDS``).
 
 A *sealed* value is the text ``dse1:<key id>:<base64(nonce + ciphertext + tag)>`` of
 AES-256-GCM over the value's JSON, with associated data that names the row it belongs to
@@ -28,6 +29,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -87,6 +89,9 @@ an organisation's first index key insert one row (the first wins) and all hash w
 
 _CACHE_LIMIT = 100_000
 T = TypeVar("T")
+
+_clock = time.monotonic
+"""The clock that times what a ``Sealer`` keeps (``CHECK_SECONDS``, ``KEEP_SECONDS``)."""
 
 
 @dataclass(frozen=True)
@@ -290,7 +295,8 @@ class OpenedValues:
     value, or one moved to another row, is not found here and fails to decrypt as before (a
     row's associated data names its organisation, so no other organisation finds it).
     Bounded: a value over ``KEEP_VALUE_CHARS`` is not kept, and past ``KEEP_CHARS`` of kept
-    text or ``KEEP_VALUES`` values all is dropped. ``Sealer.forget`` (``delete_user``) drops all.
+    text or ``KEEP_VALUES`` values all is dropped. ``Sealer.forget`` (``delete_user``) drops
+    all, as does every ``Sealer.KEEP_SECONDS``.
     """
 
     KEEP_VALUE_CHARS = 16_384
@@ -534,12 +540,24 @@ def key_id_of(token: str) -> str:
 
 
 class Sealer:
-    """A store's data keys: created, unwrapped (once per process), destroyed and re-wrapped.
+    """A store's data keys: created, unwrapped (and kept, for ``KEEP_SECONDS``), destroyed
+    and re-wrapped.
 
     Args:
         keyring: Wraps and unwraps the data keys.
         table: Where the wrapped data keys are kept.
     """
+
+    CHECK_SECONDS = 30.0
+    """How long a data key this process seals with is used before it asks the key table
+    again whether the key is still there. Another process's ``delete_user`` destroys a
+    user's keys; what this process sealed afterwards with a key it held would never open
+    again, so past this time it finds the user's current key (or makes one) first."""
+    KEEP_SECONDS = 300.0
+    """How long this process keeps the data keys it unwrapped, and the values they opened,
+    before it drops them all and unwraps keys again through the keyring when next needed:
+    an erasure made by another process (``delete_user``), or a master key removed, reaches
+    this process within that time, even for a copy of the database made before it."""
 
     def __init__(self, keyring: Keyring, table: KeyTable) -> None:
         if not isinstance(keyring, Keyring):
@@ -550,21 +568,40 @@ class Sealer:
         self.keyring = keyring
         self.table = table
         self._by_id: dict[tuple[str, str], DataKey] = {}
-        self._current: dict[tuple[str, str, str], DataKey] = {}
+        # scope -> (its current data key, when the key table last showed it)
+        self._current: dict[tuple[str, str, str], tuple[DataKey, float]] = {}
         self.opened = OpenedValues()
+        self._kept_until = _clock() + self.KEEP_SECONDS
         # Held while a scope's key is looked for and made: concurrent first uses of a scope
         # (its first writes) share one key instead of each making its own.
         self._making = asyncio.Lock()
 
+    def _drop_all(self) -> None:
+        self._by_id.clear()
+        self._current.clear()
+        self.opened.clear()
+
+    def _expire(self) -> None:
+        """Drop every key and value kept once ``KEEP_SECONDS`` have passed."""
+        now = _clock()
+        if now >= self._kept_until:
+            self._drop_all()
+            self._kept_until = now + self.KEEP_SECONDS
+
     def _remember(self, org_id: str, key: DataKey, *, current: bool) -> DataKey:
         if len(self._by_id) > _CACHE_LIMIT:
-            self._by_id.clear()
-            self._current.clear()
-            self.opened.clear()
+            self._drop_all()
         self._by_id[(org_id, key.key_id)] = key
         if current:
-            self._current[(org_id, key.kind, key.owner)] = key
+            self._current[(org_id, key.kind, key.owner)] = (key, _clock())
         return key
+
+    def _current_key(self, org_id: str, kind: str, owner: str) -> DataKey | None:
+        """The scope's current data key, while its check (``CHECK_SECONDS``) holds."""
+        known = self._current.get((org_id, kind, owner))
+        if known is None or (kind != INDEX and _clock() - known[1] >= self.CHECK_SECONDS):
+            return None
+        return known[0]
 
     async def unwrap(self, record: KeyRecord) -> DataKey:
         """Unwrap a stored data key with the keyring (without remembering it)."""
@@ -574,15 +611,21 @@ class Sealer:
 
     async def key(self, org_id: str, kind: str, owner: str) -> DataKey:
         """Return the scope's current data key, made (and stored wrapped) if it has none."""
-        known = self._current.get((org_id, kind, owner))
+        self._expire()
+        known = self._current_key(org_id, kind, owner)
         if known is not None:
             return known
         async with self._making:
-            known = self._current.get((org_id, kind, owner))
+            known = self._current_key(org_id, kind, owner)
             if known is not None:
                 return known
             if kind == INDEX:
                 return await self._index_key(org_id)
+            held = self._current.pop((org_id, kind, owner), None)
+            if held is not None:  # held past CHECK_SECONDS: is it still in the key table?
+                if await self.table.find(org_id, held[0].key_id) is not None:
+                    return self._remember(org_id, held[0], current=True)
+                self._drop_scope(org_id, kind, owner)  # destroyed by another process
             record = await self.table.newest(org_id, kind, owner)
             if record is None:
                 return await self.new_key(org_id, kind, owner)
@@ -632,6 +675,7 @@ class Sealer:
             DecryptionError: the key is not in the key table (destroyed by ``delete_user``,
                 or never in this database) or the keyring cannot unwrap it.
         """
+        self._expire()
         known = self._by_id.get((org_id, key_id))
         if known is not None:
             return known
@@ -656,6 +700,7 @@ class Sealer:
     async def scope_keys(self, org_id: str, kind: str, owner: str) -> dict[str, DataKey]:
         """Return every data key of a scope by id (to open values in a step that must not
         suspend), the current one among them."""
+        self._expire()
         found = {}
         for record in await self.table.scope(org_id, kind, owner):
             known = self._by_id.get((org_id, record.key_id))
@@ -719,6 +764,7 @@ class Sealer:
     async def opening(self, org_id: str, step: Callable[..., T], *args: Any) -> T:
         """Run ``step(*args)``, which opens values of ``org_id`` with ``open_now``: again
         after fetching each data key it needs (one suspension per key not unwrapped yet)."""
+        self._expire()
         while True:
             try:
                 return step(*args)
@@ -739,6 +785,10 @@ class Sealer:
         """Destroy a scope's data keys: in the keyring first, then in the key table."""
         await self.keyring.forget(_scope(org_id, kind, owner))
         await self.table.drop(org_id, kind, owner)
+        self._drop_scope(org_id, kind, owner)
+
+    def _drop_scope(self, org_id: str, kind: str, owner: str) -> None:
+        """Forget a scope's keys, and every value kept (some may be the scope's)."""
         self._current.pop((org_id, kind, owner), None)
         self.opened.clear()
         for cached in [k for k, v in self._by_id.items() if k[0] == org_id and v.kind == kind]:

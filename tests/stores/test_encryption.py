@@ -18,8 +18,10 @@ from durable_sessions import (
     Session,
     SQLStore,
     Store,
+    sealing,
 )
 from durable_sessions.crypto import LocalKeyring
+from durable_sessions.sealing import Sealer
 from support.sql import MYSQL, SQL_BACKENDS
 from support.vaults import open_vault
 
@@ -128,6 +130,71 @@ async def test_delete_user_shreds_the_user_in_copies_taken_before(
     # The live store goes on: alice may come back, under a new key.
     await _fill(vault.store, "alice", SECRETS[2], "s3")
     assert (await vault.store.get(ORG, "s3")).state["user:pref"] == f"u {SECRETS[2]}"
+
+
+class Clock:
+    """``sealing``'s clock, moved on by hand: what a store keeps ages without waiting."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.offset = 0.0
+        real = sealing._clock
+        monkeypatch.setattr(sealing, "_clock", lambda: real() + self.offset)
+
+    def after(self, seconds: float) -> None:
+        self.offset += seconds + 1.0
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    return Clock(monkeypatch)
+
+
+async def test_a_user_erased_by_another_process_is_written_under_new_keys(
+    vault: Any, tmp_path: Path, clock: Clock
+) -> None:
+    """One process erases a user that another holds the keys of; once that one has checked
+    its keys again (``Sealer.CHECK_SECONDS``), what it writes for the user comes back under
+    new keys that every process opens, not under the destroyed ones."""
+    worker = vault.store  # seals with alice's key, and keeps it
+    await _fill(worker, "alice", SECRETS[0], "s1")
+    eraser = await vault.another(LocalKeyring(tmp_path / "keys.json"))
+    assert await eraser.delete_user(ORG, "alice") == 1
+    clock.after(Sealer.CHECK_SECONDS)
+    await _fill(worker, "alice", SECRETS[1], "s2")  # alice is back
+    await _fill(eraser, "alice", SECRETS[2], "s3")  # and through the other process too
+    await worker.append_event(ORG, "s3", Event("user", {"text": f"more {SECRETS[2]}"}))
+    fresh = await vault.another(LocalKeyring(tmp_path / "keys.json"))  # e.g. after a restart
+    for sid, word in (("s2", SECRETS[1]), ("s3", SECRETS[2])):
+        session = await fresh.get_with_events(ORG, sid)
+        assert session.title == f"title {word}"
+        assert session.state["private"] == f"p {word}"
+        assert session.state["user:pref"] == f"u {SECRETS[2]}"  # alice's, written last
+        assert session.events[0].content == {"text": f"hello {word} again"}
+    assert session.events[1].content == {"text": f"more {SECRETS[2]}"}
+    assert [hit.session_id for hit in await fresh.search(ORG, SECRETS[1])] == ["s2"]
+
+
+async def test_an_erasure_by_another_process_reaches_what_this_one_keeps(
+    vault: Any, tmp_path: Path, clock: Clock
+) -> None:
+    """A process that read a user before another process erased them opens that user's
+    rows in an earlier copy no more, once ``Sealer.KEEP_SECONDS`` have passed: the keys it
+    unwrapped and the values it opened are dropped, and the keyring unwraps no key of the
+    user's again."""
+    await _fill(vault.store, "alice", SECRETS[0], "s1")
+    await _fill(vault.store, "bob", SECRETS[1], "s2")
+    backup = await vault.snapshot()
+    reader = await vault.reopen(backup, LocalKeyring(tmp_path / "keys.json"))
+    for sid in ("s1", "s2"):  # its keys unwrapped, its values opened and kept
+        assert (await reader.get_with_events(ORG, sid)).events
+    assert await vault.store.delete_user(ORG, "alice") == 1
+    clock.after(Sealer.KEEP_SECONDS)
+    with pytest.raises(DecryptionError):
+        await reader.get(ORG, "s1")
+    with pytest.raises(DecryptionError):
+        await reader.list_events(ORG, "s1")
+    bob = await reader.get_with_events(ORG, "s2")
+    assert bob.events[0].content == {"text": f"hello {SECRETS[1]} again"}
 
 
 async def test_rotation_then_removing_the_old_master_key_still_reads_everything(

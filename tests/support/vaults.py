@@ -2,7 +2,8 @@
 
 A *vault* is a store with a keyring plus the three things the encryption tests need of its
 backend: every stored byte (``raw``), a copy of the data as it is now (``snapshot``), and a
-store over such a copy with some keyring (``reopen``), as a stolen backup opened later.
+store over such a copy with some keyring (``reopen``), as a stolen backup opened later; and a
+store over the same data (``another``), as another process of the same service.
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ class MemoryVault:
         store._sessions, store._user, store._app, store._memories, store._env.sealer.table = parts
         return store
 
+    async def another(self, keyring: Keyring) -> InMemoryStore:
+        """A store over the same data, with ``keyring``: another process at work on it."""
+        store = InMemoryStore(keyring=keyring)
+        assert store._env is not None
+        parts = self._parts(self.store)
+        store._sessions, store._user, store._app, store._memories, store._env.sealer.table = parts
+        return store
+
     async def move_private_value(self, org: str, source: str, target: str, key: str) -> None:
         """Copy session ``source``'s stored value of ``key`` over ``target``'s."""
         sessions = self.store._sessions
@@ -104,6 +113,12 @@ class SQLiteVault:
     async def reopen(self, snapshot: Path, keyring: Keyring) -> SQLStore:
         """A store over a copy of the file, with ``keyring``."""
         engine = create_async_engine(f"sqlite+aiosqlite:///{snapshot}")
+        self._engines.append(engine)
+        return SQLStore(engine, keyring=keyring)
+
+    async def another(self, keyring: Keyring) -> SQLStore:
+        """A store over the same database, with ``keyring``: another process at work on it."""
+        engine = create_async_engine(self.engine.url)
         self._engines.append(engine)
         return SQLStore(engine, keyring=keyring)
 

@@ -208,10 +208,13 @@ class InMemoryStore:
     async def _keys(
         self, org_id: str, user_id: str, app_name: str, with_app: bool
     ) -> tuple[DataKey | None, DataKey | None]:
-        """The user's (and the app's) data keys, None without a keyring."""
+        """The user's (and the app's) data keys, None without a keyring. The user's key is
+        looked up in the key table first (``Sealer.key``'s ``verify``), as a SQL store does
+        before its first write to a session: another store sharing the table (a process, in
+        SQL) may have erased the user. Here the lookup is one dict's."""
         if self._env is None:
             return None, None
-        user = await self._env.user_key(org_id, user_id)
+        user = await self._env.user_key(org_id, user_id, verify=True)
         app = await self._env.app_key(org_id, app_name) if with_app else None
         return user, app
 
@@ -957,7 +960,7 @@ class InMemoryStore:
         env = self._env
         if env is None:
             return self._memories.add((org_id, app_name, user_id), prepared)
-        key = await env.user_key(org_id, user_id)
+        key = await env.user_key(org_id, user_id, verify=True)
         index = await env.sealer.index_key(org_id)
         sealed: builtins.list[Memory] = [
             env.seal_memory(key, index, org_id, app_name, user_id, m) for m in prepared

@@ -91,7 +91,7 @@ _CACHE_LIMIT = 100_000
 T = TypeVar("T")
 
 _clock = time.monotonic
-"""The clock that times what a ``Sealer`` keeps (``CHECK_SECONDS``, ``KEEP_SECONDS``)."""
+"""The clock that times what a ``Sealer`` keeps (``KEEP_SECONDS``)."""
 
 
 @dataclass(frozen=True)
@@ -548,12 +548,7 @@ class Sealer:
         table: Where the wrapped data keys are kept.
     """
 
-    CHECK_SECONDS = 30.0
-    """How long a data key this process seals with is used before it asks the key table
-    again whether the key is still there. Another process's ``delete_user`` destroys a
-    user's keys; what this process sealed afterwards with a key it held would never open
-    again, so past this time it finds the user's current key (or makes one) first."""
-    KEEP_SECONDS = 300.0
+    KEEP_SECONDS = 900.0
     """How long this process keeps the data keys it unwrapped, and the values they opened,
     before it drops them all and unwraps keys again through the keyring when next needed:
     an erasure made by another process (``delete_user``), or a master key removed, reaches
@@ -568,8 +563,7 @@ class Sealer:
         self.keyring = keyring
         self.table = table
         self._by_id: dict[tuple[str, str], DataKey] = {}
-        # scope -> (its current data key, when the key table last showed it)
-        self._current: dict[tuple[str, str, str], tuple[DataKey, float]] = {}
+        self._current: dict[tuple[str, str, str], DataKey] = {}
         self.opened = OpenedValues()
         self._kept_until = _clock() + self.KEEP_SECONDS
         # Held while a scope's key is looked for and made: concurrent first uses of a scope
@@ -593,15 +587,8 @@ class Sealer:
             self._drop_all()
         self._by_id[(org_id, key.key_id)] = key
         if current:
-            self._current[(org_id, key.kind, key.owner)] = (key, _clock())
+            self._current[(org_id, key.kind, key.owner)] = key
         return key
-
-    def _current_key(self, org_id: str, kind: str, owner: str) -> DataKey | None:
-        """The scope's current data key, while its check (``CHECK_SECONDS``) holds."""
-        known = self._current.get((org_id, kind, owner))
-        if known is None or (kind != INDEX and _clock() - known[1] >= self.CHECK_SECONDS):
-            return None
-        return known[0]
 
     async def unwrap(self, record: KeyRecord) -> DataKey:
         """Unwrap a stored data key with the keyring (without remembering it)."""
@@ -609,23 +596,27 @@ class Sealer:
         material = await self.keyring.unwrap(scope, record.master_id, record.wrapped)
         return DataKey(record.key_id, record.kind, record.owner, material, self.opened)
 
-    async def key(self, org_id: str, kind: str, owner: str) -> DataKey:
-        """Return the scope's current data key, made (and stored wrapped) if it has none."""
+    async def key(self, org_id: str, kind: str, owner: str, *, verify: bool = False) -> DataKey:
+        """Return the scope's current data key, made (and stored wrapped) if it has none.
+
+        With ``verify``, a key this process holds is looked up in the key table first:
+        another process's ``delete_user`` may have destroyed it, and what is sealed with a
+        destroyed key never opens again. A key found gone is forgotten here, and the
+        scope's current key is found (or made) instead.
+        """
         self._expire()
-        known = self._current_key(org_id, kind, owner)
+        known = self._current.get((org_id, kind, owner))
         if known is not None:
-            return known
+            if not verify or await self.table.find(org_id, known.key_id) is not None:
+                return known
+            if self._current.get((org_id, kind, owner)) is known:  # destroyed elsewhere
+                self._drop_scope(org_id, kind, owner)
         async with self._making:
-            known = self._current_key(org_id, kind, owner)
+            known = self._current.get((org_id, kind, owner))
             if known is not None:
                 return known
             if kind == INDEX:
                 return await self._index_key(org_id)
-            held = self._current.pop((org_id, kind, owner), None)
-            if held is not None:  # held past CHECK_SECONDS: is it still in the key table?
-                if await self.table.find(org_id, held[0].key_id) is not None:
-                    return self._remember(org_id, held[0], current=True)
-                self._drop_scope(org_id, kind, owner)  # destroyed by another process
             record = await self.table.newest(org_id, kind, owner)
             if record is None:
                 return await self.new_key(org_id, kind, owner)
@@ -701,8 +692,12 @@ class Sealer:
         """Return every data key of a scope by id (to open values in a step that must not
         suspend), the current one among them."""
         self._expire()
+        records = await self.table.scope(org_id, kind, owner)
+        held = self._current.get((org_id, kind, owner))
+        if held is not None and all(r.key_id != held.key_id for r in records):
+            self._drop_scope(org_id, kind, owner)  # destroyed by another process
         found = {}
-        for record in await self.table.scope(org_id, kind, owner):
+        for record in records:
             known = self._by_id.get((org_id, record.key_id))
             if known is None:
                 known = self._remember(org_id, await self.unwrap(record), current=False)
@@ -834,9 +829,11 @@ class Envelope:
     def __init__(self, sealer: Sealer) -> None:
         self.sealer = sealer
 
-    async def user_key(self, org_id: str, user_id: str) -> DataKey:
-        """Return the data key of a user's sessions, events and ``user:`` state."""
-        return await self.sealer.key(org_id, USER, user_id)
+    async def user_key(self, org_id: str, user_id: str, *, verify: bool = False) -> DataKey:
+        """Return the data key of a user's sessions, events and ``user:`` state; with
+        ``verify``, one this process holds is looked up in the key table first (``Sealer.key``:
+        another process may have erased the user)."""
+        return await self.sealer.key(org_id, USER, user_id, verify=verify)
 
     async def app_key(self, org_id: str, app_name: str) -> DataKey:
         """Return the data key of an app's ``app:`` state."""

@@ -150,28 +150,46 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 
 async def test_a_user_erased_by_another_process_is_written_under_new_keys(
-    vault: Any, tmp_path: Path, clock: Clock
+    vault: Any, tmp_path: Path
 ) -> None:
-    """One process erases a user that another holds the keys of; once that one has checked
-    its keys again (``Sealer.CHECK_SECONDS``), what it writes for the user comes back under
-    new keys that every process opens, not under the destroyed ones."""
-    worker = vault.store  # seals with alice's key, and keeps it
-    await _fill(worker, "alice", SECRETS[0], "s1")
+    """One process erases a user whose data key other processes hold; when the user comes
+    back, what those write for them (an event or a save to a session made elsewhere since,
+    a session of their own, a fork, a memory) is sealed under keys in the key table, which every
+    process opens, never under the destroyed one."""
+    await _fill(vault.store, "alice", SECRETS[0], "s1")
+
+    async def holding_alices_key() -> Store:
+        store: Store = await vault.another(LocalKeyring(tmp_path / "keys.json"))
+        session = await store.get(ORG, "s1")
+        session.set("seen", True)
+        await store.update(session)  # sealed with alice's key, which it keeps
+        return store
+
+    appender, saver, maker, memorizer, forker = [await holding_alices_key() for _ in range(5)]
     eraser = await vault.another(LocalKeyring(tmp_path / "keys.json"))
     assert await eraser.delete_user(ORG, "alice") == 1
-    clock.after(Sealer.CHECK_SECONDS)
-    await _fill(worker, "alice", SECRETS[1], "s2")  # alice is back
-    await _fill(eraser, "alice", SECRETS[2], "s3")  # and through the other process too
-    await worker.append_event(ORG, "s3", Event("user", {"text": f"more {SECRETS[2]}"}))
+    await _fill(eraser, "alice", SECRETS[1], "s2")  # alice is back, through the eraser
+    await eraser.create(Session(id="s4", org_id=ORG, user_id="alice", app_name="app"))
+    await appender.append_event(ORG, "s2", Event("user", {"text": f"more {SECRETS[1]}"}))
+    saved = await saver.get(ORG, "s4")
+    saved.set("note", f"n {SECRETS[4]}")
+    await saver.update(saved)
+    await _fill(maker, "alice", SECRETS[2], "s3")
+    await memorizer.add_memories(ORG, "app", "alice", [Memory(f"likes {SECRETS[3]}")])
+    await forker.fork(ORG, "s2", new_session_id="s5", with_events=True)
     fresh = await vault.another(LocalKeyring(tmp_path / "keys.json"))  # e.g. after a restart
-    for sid, word in (("s2", SECRETS[1]), ("s3", SECRETS[2])):
+    for sid, word in (("s2", SECRETS[1]), ("s3", SECRETS[2]), ("s5", SECRETS[1])):
         session = await fresh.get_with_events(ORG, sid)
         assert session.title == f"title {word}"
         assert session.state["private"] == f"p {word}"
         assert session.state["user:pref"] == f"u {SECRETS[2]}"  # alice's, written last
         assert session.events[0].content == {"text": f"hello {word} again"}
-    assert session.events[1].content == {"text": f"more {SECRETS[2]}"}
-    assert [hit.session_id for hit in await fresh.search(ORG, SECRETS[1])] == ["s2"]
+    assert (await fresh.list_events(ORG, "s2"))[1].content == {"text": f"more {SECRETS[1]}"}
+    hits = await fresh.search(ORG, SECRETS[1], limit=10)
+    assert sorted(hit.session_id for hit in hits) == ["s2", "s2", "s5", "s5"]
+    assert (await fresh.get(ORG, "s4")).state["note"] == f"n {SECRETS[4]}"
+    [memory] = await fresh.search_memories(ORG, "app", "alice", SECRETS[3])
+    assert memory.text == f"likes {SECRETS[3]}"
 
 
 async def test_an_erasure_by_another_process_reaches_what_this_one_keeps(

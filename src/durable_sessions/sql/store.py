@@ -248,9 +248,10 @@ class SQLStore:
         self._runner = make_runner(engine)
         self._env: Envelope | None = None
         self._stepwise: Any = None  # with a keyring: the statements of sql/sealed.py
-        # With a keyring: the owner (incarnation, user, app) of sessions this process wrote,
-        # to choose their data key (see ``_owner``).
-        self._owners: dict[tuple[str, str], tuple[str, str, str]] = {}
+        # With a keyring: the owner (incarnation, user, app) of sessions this process read or
+        # wrote, to choose their data key (see ``_owner``), and whether it has sealed for
+        # that life of the session with a key it found in the key table (``_session_keys``).
+        self._owners: dict[tuple[str, str], tuple[str, str, str, bool]] = {}
         if keyring is not None:
             from ..sealing import Envelope, Sealer
             from .keys import SQLKeyTable
@@ -415,16 +416,19 @@ class SQLStore:
             return events
         return await self._env.open_events(org_id, session_id, events)
 
-    def _remember_owner(self, session: Session) -> None:
+    def _remember_owner(self, session: Session, *, checked: bool = False) -> None:
         if len(self._owners) > 100_000:
             self._owners.clear()
         key = (session.org_id, session.id)
-        self._owners[key] = (session.incarnation, session.user_id, session.app_name)
+        known = self._owners.get(key)
+        checked = checked or (known is not None and known[0] == session.incarnation and known[3])
+        self._owners[key] = (session.incarnation, session.user_id, session.app_name, checked)
 
     async def _owner(
         self, org_id: str, session_id: str, incarnation: str | None
-    ) -> tuple[str, str]:
-        """The (user, app) of a session, whose data keys seal what is written to it.
+    ) -> tuple[str, str, bool]:
+        """The (user, app) of a session, whose data keys seal what is written to it, and
+        whether this process has checked the user's key for it (``_session_keys``).
 
         Known from this process's reads and writes of the session; read otherwise, and
         whenever the caller names another incarnation. An unguarded write (no incarnation)
@@ -434,7 +438,7 @@ class SQLStore:
         """
         known = self._owners.get((org_id, session_id))
         if known is not None and incarnation in (None, known[0]):
-            return known[1], known[2]
+            return known[1], known[2], known[3]
         params = {"k_org": org_id, "k_id": session_id}
         rows = await self._runner.run(
             self._programs.rows(self._q.meta, params, session_from_row), "read", "owner"
@@ -442,15 +446,41 @@ class SQLStore:
         if not rows:
             raise SessionNotFoundError(org_id, session_id)
         self._remember_owner(rows[0])
-        return rows[0].user_id, rows[0].app_name
+        return rows[0].user_id, rows[0].app_name, self._owners[(org_id, session_id)][3]
 
     async def _keys(
-        self, org_id: str, user_id: str, app_name: str, with_app: bool
+        self, org_id: str, user_id: str, app_name: str, with_app: bool, *, verify: bool
     ) -> tuple[DataKey, DataKey | None]:
+        """The user's data key (looked up in the key table first with ``verify``: see
+        ``Sealer.key``) and, ``with_app``, the app's."""
         env = self._env
         assert env is not None
-        user = await env.user_key(org_id, user_id)
+        user = await env.user_key(org_id, user_id, verify=verify)
         return user, (await env.app_key(org_id, app_name) if with_app else None)
+
+    async def _session_keys(
+        self, org_id: str, session_id: str, incarnation: str | None, with_app: bool
+    ) -> tuple[str, str, DataKey, DataKey | None]:
+        """The owner of a session and the data keys that seal what is written to it.
+
+        Another process may have erased the user since this process took their key: what it
+        seals with that key then never opens again. A session that exists was created after
+        any such erasure (``delete_user`` deletes the user's sessions), so the first write
+        this process makes to each life of a session it did not create looks the user's key
+        up in the key table (``Sealer.key``'s ``verify``), and takes the current one if it
+        is gone; later writes to that session use what it found.
+        """
+        user_id, app_name, checked = await self._owner(org_id, session_id, incarnation)
+        user, app = await self._keys(org_id, user_id, app_name, with_app, verify=not checked)
+        if not checked:
+            self._checked(org_id, session_id, incarnation)
+        return user_id, app_name, user, app
+
+    def _checked(self, org_id: str, session_id: str, incarnation: str | None) -> None:
+        """Note that the user's key was checked for this life of the session."""
+        known = self._owners.get((org_id, session_id))
+        if known is not None and incarnation in (None, known[0]):
+            self._owners[(org_id, session_id)] = (*known[:3], True)
 
     async def _expected(self, session: Session, delta: ScopedDelta) -> ScopedDelta:
         """A save's expected values of the shared keys it deletes, as stored.
@@ -566,7 +596,9 @@ class SQLStore:
                 session.app_name,
                 session.user_id,
             )
-            keys = await self._keys(org, user_id, app_name, bool(delta.app_set))
+            # A new session: the user may have been erased elsewhere since this process
+            # took their key (``_session_keys``).
+            keys = await self._keys(org, user_id, app_name, bool(delta.app_set), verify=True)
             stored = env.seal_changes(*keys, org, sid, app_name, user_id, delta)
             row["title"] = env.seal_title(keys[0], org, sid, session.title)
             row["state"] = stored.private_set
@@ -582,7 +614,7 @@ class SQLStore:
         session.incarnation = str(row["incarnation"])
         session.mark_persisted()
         if env is not None:
-            self._remember_owner(session)
+            self._remember_owner(session, checked=True)
         return session
 
     async def get(self, org_id: str, session_id: str) -> Session:
@@ -653,7 +685,13 @@ class SQLStore:
         env = self._env
         if env is not None:
             org, sid, app_name = session.org_id, session.id, session.app_name
-            keys = await self._keys(org, session.user_id, app_name, bool(delta.app_set))
+            known = self._owners.get((org, sid))
+            checked = known is not None and known[0] == session.incarnation and known[3]
+            keys = await self._keys(
+                org, session.user_id, app_name, bool(delta.app_set), verify=not checked
+            )
+            if not checked:
+                self._remember_owner(session, checked=True)
             delta = env.seal_changes(*keys, org, sid, app_name, session.user_id, delta)
             if delta.user_expected or delta.app_expected:
                 delta = await self._expected(session, delta)
@@ -793,13 +831,14 @@ class SQLStore:
         """Events and their delta as stored: sealed with the session owner's keys."""
         env = self._env
         assert env is not None
-        user_id, app_name = await self._owner(org_id, session_id, incarnation)
-        keys = await self._keys(org_id, user_id, app_name, bool(delta.app_set))
+        user_id, app_name, user, app = await self._session_keys(
+            org_id, session_id, incarnation, bool(delta.app_set)
+        )
         index = await env.sealer.index_key(org_id)
         sealed: builtins.list[Event] = [
-            env.seal_event(keys[0], org_id, session_id, e, index.blind(e.content)) for e in events
+            env.seal_event(user, org_id, session_id, e, index.blind(e.content)) for e in events
         ]
-        return sealed, env.seal_changes(*keys, org_id, session_id, app_name, user_id, delta)
+        return sealed, env.seal_changes(user, app, org_id, session_id, app_name, user_id, delta)
 
     async def list_events(
         self,
@@ -847,8 +886,7 @@ class SQLStore:
         await self._ready("touch")
         env = self._env
         if env is not None and title:
-            user_id, app_name = await self._owner(org_id, session_id, incarnation)
-            key, _ = await self._keys(org_id, user_id, app_name, False)
+            _, _, key, _ = await self._session_keys(org_id, session_id, incarnation, False)
             params["v_title"] = env.seal_title(key, org_id, session_id, title)
         found = await self._runner.run(self._programs.touch(params), "atomic", "touch")
         return await self._opened(found, with_state=False)
@@ -885,7 +923,7 @@ class SQLStore:
         env = self._env
         assert env is not None
         org_id = params["k_org"]
-        user_id, _ = await self._owner(org_id, params["k_id"], None)
+        user_id, _, _ = await self._owner(org_id, params["k_id"], None)
         keys = await env.sealer.scope_keys(org_id, USER, user_id)
         current = await env.user_key(org_id, user_id)
         index = await env.sealer.index_key(org_id)
@@ -1095,8 +1133,7 @@ class SQLStore:
         if self._env is not None:
             kept, delta = await self._seal_events(org_id, session_id, incarnation, stored, delta)
             if title:
-                user_id, app_name = await self._owner(org_id, session_id, incarnation)
-                key, _ = await self._keys(org_id, user_id, app_name, False)
+                _, _, key, _ = await self._session_keys(org_id, session_id, incarnation, False)
                 params["v_title"] = self._env.seal_title(key, org_id, session_id, title)
         last = await self._with_vectors(
             lambda: self._programs.append_many(params, kept, delta), "append_events"
@@ -1293,7 +1330,7 @@ class SQLStore:
         if env is None:
             program = self._memory_write(lambda: add_program(self._memory_q, owner, prepared))
             return await self._runner.run(program, "write", "add_memories")
-        key = await env.user_key(org_id, user_id)
+        key = await env.user_key(org_id, user_id, verify=True)  # erased elsewhere since?
         index = await env.sealer.index_key(org_id)
         sealed: builtins.list[Memory] = [
             env.seal_memory(key, index, org_id, app_name, user_id, m) for m in prepared

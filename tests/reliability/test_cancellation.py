@@ -29,6 +29,7 @@ import logging
 import os
 import random
 import sqlite3
+import time
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Generator
 from concurrent.futures import ThreadPoolExecutor
@@ -72,6 +73,8 @@ LONG_AGO = datetime(2020, 1, 1, tzinfo=timezone.utc)
 VOLATILE = {"created_at", "updated_at", "incarnation"}
 MAX_POINTS = 400  # no write of these has this many suspensions: a sweep that gets there hangs
 STEP_TIMEOUT = 30.0
+MYSQL_SETTLE = 30.0
+"""How long MariaDB may take to end the transaction of a connection the client closed."""
 
 
 # -- cancelling at the Nth suspension, or at the Nth driver call ------------------------------
@@ -248,14 +251,17 @@ class Checker:
             return
         if self.backend == "mysql":
             # A connection the runner terminated is closed by the client at once; the server
-            # ends its transaction once it reads the closed socket, a moment later. A
-            # connection still idle inside a transaction after that is one left open.
-            for _ in range(500):
-                stuck = await self._mysql_idle_in_transaction()
-                if not stuck:
-                    return
+            # ends its transaction once its thread reads the closed socket: a moment later,
+            # or seconds on a machine whose cores are all busy. A connection still idle
+            # inside a transaction after MYSQL_SETTLE is one left open.
+            deadline = time.monotonic() + MYSQL_SETTLE
+            while stuck := await self._mysql_idle_in_transaction():
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"connections left inside a transaction after {MYSQL_SETTLE} s: {stuck}"
+                    )
                 await asyncio.sleep(0.01)
-            raise AssertionError(f"connections left inside a transaction: {stuck}")
+            return
         # An open write transaction would hold SQLite's write lock: take it, without waiting.
         db = sqlite3.connect(str(make_url(self.url).database), timeout=0)
         try:

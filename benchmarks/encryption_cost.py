@@ -11,12 +11,11 @@ same moments of a busy machine; each call is timed on its own:
 - ``cold``: ``load`` with nothing kept: the encrypted store first drops the values it
   keeps opened (``sealing.OpenedValues``), so every value is decrypted, as in a process's
   first read of a session;
-- ``append``: ``append_event`` with a state delta;
-- ``first``: the same, as this process's first write to the session: the encrypted store
-  looks the user's data key up in the key table first (another process may have erased the
-  user); each later write to the session uses what it found;
+- ``append``: ``append_event`` with a state delta (with a keyring, its statement also
+  checks that the user's data key is still in the key table);
 - ``create``: a new session with a private, a ``user:`` and an ``app:`` value (with a
-  keyring, the user's key looked up in the key table first, as for ``first``);
+  keyring, the user's key looked up in the key table first: another process may have erased
+  the user);
 - ``save``: ``update`` of one private and one ``user:`` key;
 - ``search``: a two-word search over the organisation's events.
 
@@ -46,7 +45,7 @@ from durable_sessions import Event, Manager, SQLStore
 
 from .common import Database, command_line, new_tmpdir, run_meta
 
-OPERATIONS = ("get", "load", "cold", "append", "first", "save", "create", "search")
+OPERATIONS = ("get", "load", "cold", "append", "save", "create", "search")
 TEXT = "the customer asked about the refund for order {n} and the delivery date in march"
 
 
@@ -71,10 +70,7 @@ async def _setup(store: SQLStore, events: int) -> tuple[Callable[[str], Awaitabl
             if store._env is not None:
                 store._env.sealer.opened.clear()
             return await store.get_with_events("org", session.id, limit=20)
-        if operation == "first" and store._env is not None:  # the session not written yet
-            known = store._owners[("org", session.id)]
-            store._owners[("org", session.id)] = (*known[:3], False)
-        if operation in ("append", "first"):
+        if operation == "append":
             event = Event("agent", {"text": TEXT.format(n=counter[0])}, state_delta={"k": 1})
             return await store.append_event("org", session.id, event)
         if operation == "save":

@@ -782,6 +782,13 @@ class Sealer:
         await self.table.drop(org_id, kind, owner)
         self._drop_scope(org_id, kind, owner)
 
+    def destroyed(self, org_id: str, key_id: str) -> None:
+        """Forget a data key found gone from the key table (another process destroyed it),
+        with its scope's other keys: the scope's current key is looked for again."""
+        known = self._by_id.get((org_id, key_id))
+        if known is not None:
+            self._drop_scope(org_id, known.kind, known.owner)
+
     def _drop_scope(self, org_id: str, kind: str, owner: str) -> None:
         """Forget a scope's keys, and every value kept (some may be the scope's)."""
         self._current.pop((org_id, kind, owner), None)

@@ -25,7 +25,15 @@ from durable_sessions.sealing import Sealer
 from support.sql import MYSQL, SQL_BACKENDS
 from support.vaults import open_vault
 
-SECRETS = ["zanzibar", "quokkahat", "marzipanic", "umbrellic", "tangerinox", "vortexal"]
+SECRETS = [
+    "zanzibar",
+    "quokkahat",
+    "marzipanic",
+    "umbrellic",
+    "tangerinox",
+    "vortexal",
+    "gloxinian",
+]
 """Words that occur nowhere else: each is looked for in the stored bytes."""
 
 ORG = "org"
@@ -154,7 +162,7 @@ async def test_a_user_erased_by_another_process_is_written_under_new_keys(
 ) -> None:
     """One process erases a user whose data key other processes hold; when the user comes
     back, what those write for them (an event or a save to a session made elsewhere since,
-    a session of their own, a fork, a memory) is sealed under keys in the key table, which every
+    a batch of events, a title, a session of their own, a fork, a memory) is sealed under keys in the key table, which every
     process opens, never under the destroyed one."""
     await _fill(vault.store, "alice", SECRETS[0], "s1")
 
@@ -165,11 +173,13 @@ async def test_a_user_erased_by_another_process_is_written_under_new_keys(
         await store.update(session)  # sealed with alice's key, which it keeps
         return store
 
-    appender, saver, maker, memorizer, forker = [await holding_alices_key() for _ in range(5)]
+    holders = [await holding_alices_key() for _ in range(7)]
+    appender, saver, maker, memorizer, forker, batcher, titler = holders
     eraser = await vault.another(LocalKeyring(tmp_path / "keys.json"))
     assert await eraser.delete_user(ORG, "alice") == 1
     await _fill(eraser, "alice", SECRETS[1], "s2")  # alice is back, through the eraser
-    await eraser.create(Session(id="s4", org_id=ORG, user_id="alice", app_name="app"))
+    for sid in ("s4", "s6", "s7"):
+        await eraser.create(Session(id=sid, org_id=ORG, user_id="alice", app_name="app"))
     await appender.append_event(ORG, "s2", Event("user", {"text": f"more {SECRETS[1]}"}))
     saved = await saver.get(ORG, "s4")
     saved.set("note", f"n {SECRETS[4]}")
@@ -177,6 +187,9 @@ async def test_a_user_erased_by_another_process_is_written_under_new_keys(
     await _fill(maker, "alice", SECRETS[2], "s3")
     await memorizer.add_memories(ORG, "app", "alice", [Memory(f"likes {SECRETS[3]}")])
     await forker.fork(ORG, "s2", new_session_id="s5", with_events=True)
+    batch = [Event("user", {"text": f"batch {SECRETS[5]}"}, state_delta={"b": SECRETS[5]})]
+    await batcher.append_events(ORG, "s6", batch, title=f"t {SECRETS[5]}")
+    await titler.touch(ORG, "s7", messages=1, title=f"t {SECRETS[6]}")
     fresh = await vault.another(LocalKeyring(tmp_path / "keys.json"))  # e.g. after a restart
     for sid, word in (("s2", SECRETS[1]), ("s3", SECRETS[2]), ("s5", SECRETS[1])):
         session = await fresh.get_with_events(ORG, sid)
@@ -188,6 +201,10 @@ async def test_a_user_erased_by_another_process_is_written_under_new_keys(
     hits = await fresh.search(ORG, SECRETS[1], limit=10)
     assert sorted(hit.session_id for hit in hits) == ["s2", "s2", "s5", "s5"]
     assert (await fresh.get(ORG, "s4")).state["note"] == f"n {SECRETS[4]}"
+    batched = await fresh.get_with_events(ORG, "s6")
+    assert (batched.title, batched.state["b"]) == (f"t {SECRETS[5]}", SECRETS[5])
+    assert batched.events[0].content == {"text": f"batch {SECRETS[5]}"}
+    assert (await fresh.get(ORG, "s7")).title == f"t {SECRETS[6]}"
     [memory] = await fresh.search_memories(ORG, "app", "alice", SECRETS[3])
     assert memory.text == f"likes {SECRETS[3]}"
 

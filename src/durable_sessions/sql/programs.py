@@ -14,7 +14,7 @@ import dataclasses
 from datetime import datetime, timezone
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from ..errors import SessionError, SessionNotFoundError, StaleSessionError
+from ..errors import DecryptionError, SessionError, SessionNotFoundError, StaleSessionError
 from ..jsoncodec import copy_json, from_json
 from ..model import Event, Session
 from ..prepare import (
@@ -37,6 +37,7 @@ from .statements import Retention, Statements
 
 __all__ = [
     "Job",
+    "KeyDestroyed",
     "Programs",
     "event_from_array",
     "event_from_row",
@@ -197,6 +198,20 @@ def unwritten(params: dict[str, Any]) -> SessionError:
     return StaleSessionError(org_id, session_id, expected or 0)
 
 
+class KeyDestroyed(DecryptionError):
+    """An encrypted store's write found the user's data key it sealed with gone from the
+    key table (another process's ``delete_user`` destroyed it) and wrote nothing; the store
+    seals again with the user's current key."""
+
+    def __init__(self, org_id: str, key_id: str) -> None:
+        super().__init__(
+            f"data key {key_id!r} of organisation {org_id!r} was destroyed (its user erased) "
+            "while a write sealed with it"
+        )
+        self.org_id = org_id
+        self.key_id = key_id
+
+
 def _first_count(row: Any) -> int:
     return int(row.n)
 
@@ -330,6 +345,17 @@ class Programs:
             raise StaleSessionError(org_id, session_id, expected)
         counters = (found.message_count, found.token_total, found.version)
         check_counters(org_id, session_id, counters, *_increments(params))
+        yield from self.check_key(params)
+
+    def check_key(self, params: dict[str, Any]) -> Program[None]:
+        """Raise ``KeyDestroyed`` when the data key an encrypted store's write sealed with
+        (``k_key``) is no longer in the key table."""
+        key_id = params.get("k_key")
+        if key_id is None:
+            return
+        found = yield Query(self.q.key_found(), {"k_org": params["k_org"], "k_key": key_id})
+        if found.first() is None:
+            raise KeyDestroyed(params["k_org"], key_id)
 
     def truncate_as_rows(
         self, params: dict[str, Any], lock: Compiled | None = None

@@ -18,6 +18,7 @@ from sqlalchemy import (
     case,
     cast,
     delete,
+    exists,
     func,
     literal,
     or_,
@@ -31,7 +32,7 @@ from sqlalchemy.sql import ColumnElement, Executable
 from ..state import MAX_INT64
 from .compiled import Compiled, compile_statement
 from .dialect import DialectOps
-from .schema import JSONValue, UTCDateTime, app_state, events, sessions, user_state
+from .schema import JSONValue, UTCDateTime, app_state, events, keys, sessions, user_state
 
 __all__ = [
     "EVENTS_KEY",
@@ -82,6 +83,14 @@ session's ``updated_at`` never goes back (a listing's cursor stays ahead of it).
 INCARNATION = bindparam("v_incarnation", type_=Text)
 # A write guarded by the incarnation the caller holds (None: any incarnation of the id).
 SAME_LIFE = or_(INCARNATION.is_(None), S.c.incarnation == INCARNATION)
+SEALED_WITH = bindparam("k_key", type_=Text)
+# An encrypted store's write of a session row: the user's data key it sealed with is still in
+# the key table (None: it sealed nothing with one). Another process's ``delete_user`` may
+# have destroyed a key this process holds, and what is sealed with it never opens again.
+KEY_HELD = or_(
+    SEALED_WITH.is_(None),
+    exists().where(keys.c.org_id == bindparam("k_org"), keys.c.key_id == SEALED_WITH),
+)
 # A delete of a session of this app and user only (None: of any).
 _OWNER_APP = bindparam("k_app", type_=Text)
 _OWNER_USER = bindparam("k_user", type_=Text)
@@ -138,9 +147,12 @@ class Statements:
     add their own.
     """
 
-    def __init__(self, ops: DialectOps, dialect: Dialect) -> None:
+    def __init__(self, ops: DialectOps, dialect: Dialect, *, sealed: bool = False) -> None:
         self.ops = ops
         self.dialect = dialect
+        # An encrypted store's: its writes that seal with a user's data key check that the
+        # key is still there (``KEY_HELD``, ``k_key``).
+        self.sealed = sealed
         self._shapes: dict[Hashable, Compiled] = {}
         c = self.compile
 
@@ -195,7 +207,7 @@ class Statements:
         """Add to a session's counters and title it if untitled, returning its ``META``."""
         return (
             update(S)
-            .where(SESSION_KEY, SAME_LIFE, TOUCH_ROOM)
+            .where(SESSION_KEY, SAME_LIFE, TOUCH_ROOM, *self.key_held())
             .values(
                 message_count=S.c.message_count + bindparam("v_messages"),
                 token_total=S.c.token_total + bindparam("v_tokens"),
@@ -486,11 +498,25 @@ class Statements:
             .label("app_state")
         )
 
-    @staticmethod
-    def _update() -> Any:
+    def key_held(self) -> list[Any]:
+        """What a write that seals with a user's data key adds to its guard of the session
+        row: on an encrypted store, that the key ``k_key`` is still in the key table."""
+        return [KEY_HELD] if self.sealed else []
+
+    def key_found(self) -> Compiled:
+        """The id of the data key ``k_key`` of the organisation, if it is in the key table
+        (why an encrypted store's write found no session row to write: ``KEY_HELD``)."""
+        return self.shape(
+            "key_found",
+            lambda: select(keys.c.key_id).where(
+                keys.c.org_id == bindparam("k_org"), keys.c.key_id == SEALED_WITH
+            ),
+        )
+
+    def _update(self) -> Any:
         return (
             update(S)
-            .where(SESSION_KEY, S.c.version == bindparam("v_expected"), SAME_LIFE)
+            .where(SESSION_KEY, S.c.version == bindparam("v_expected"), SAME_LIFE, *self.key_held())
             .values(
                 title=bindparam("v_title"),
                 state=bindparam("v_state", type_=JSONValue),
@@ -517,7 +543,8 @@ class Statements:
         # Appends may be conditional on the version the caller holds (None: unconditional).
         expected = bindparam("v_expected", type_=BigInteger)
         when = or_(expected.is_(None), S.c.version == expected)
-        return update(S).where(SESSION_KEY, when, SAME_LIFE, APPEND_ROOM).values(values)
+        guard = (SESSION_KEY, when, SAME_LIFE, APPEND_ROOM, *self.key_held())
+        return update(S).where(*guard).values(values)
 
     @staticmethod
     def _append_returning() -> list[Any]:
@@ -557,7 +584,13 @@ class Statements:
         )
         return (
             update(S)
-            .where(SESSION_KEY, or_(expected.is_(None), S.c.version == expected), SAME_LIFE, room)
+            .where(
+                SESSION_KEY,
+                or_(expected.is_(None), S.c.version == expected),
+                SAME_LIFE,
+                room,
+                *self.key_held(),
+            )
             .values(values)
             .returning(S.c.event_seq, S.c.app_name, S.c.user_id)
         )

@@ -74,8 +74,8 @@ def bound_row(table: Any) -> dict[str, Any]:
 class StepwiseStatements(Statements):
     """The single-table steps of the write transactions (``StepwisePrograms``)."""
 
-    def __init__(self, ops: DialectOps, dialect: Dialect) -> None:
-        super().__init__(ops, dialect)
+    def __init__(self, ops: DialectOps, dialect: Dialect, *, sealed: bool = False) -> None:
+        super().__init__(ops, dialect, sealed=sealed)
         c = self.compile
         self.insert_session = c(ops.insert_if_absent(S).values(bound_row(S)).returning(S.c.id))
         self.upsert_user = c(self._upsert(user_state, USER_KEY))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -75,6 +75,7 @@ from .memories import (
 )
 from .programs import (
     Job,
+    KeyDestroyed,
     Programs,
     event_from_row,
     session_from_row,
@@ -93,6 +94,8 @@ if TYPE_CHECKING:
 __all__ = ["SQLStore"]
 
 T = TypeVar("T")
+# How many times a write seals again after finding its user's data key destroyed meanwhile.
+_KEY_ATTEMPTS = 3
 
 # Postgres: lock_not_available (lock_timeout ran out), deadlock_detected.
 _LOCK_CONFLICTS = ("55P03", "40P01", "1205", "1213")
@@ -217,6 +220,7 @@ class SQLStore:
             raise InvalidArgumentError(_NO_DISTRIBUTED_KEYRING)
         ops = dialect_ops(engine.dialect.name, engine.dialect.driver)
         self._ops = ops
+        self._sealed = keyring is not None
         self._chosen: Programs | None = None
         self._distributed: bool | None = None
         # Postgres: whether writes send search vectors (a plain ``search_vector`` column); None
@@ -235,13 +239,13 @@ class SQLStore:
             raise InvalidArgumentError("distributed mode is for Postgres (Citus) only")
         elif ops.is_mysql:
             install_mysql_session(engine.sync_engine)
-            self._chosen = MySQLPrograms(MySQLStatements(ops, engine.dialect))
+            self._chosen = MySQLPrograms(MySQLStatements(ops, engine.dialect, sealed=self._sealed))
             self._distributed = False
             self._vectors = None  # the first operation checks max_allowed_packet (_ready)
         else:
             install_sqlite_pragmas(engine.sync_engine, int(busy_timeout * 1000))
-            blind = keyring is not None
-            self._chosen = SQLitePrograms(SQLiteStatements(ops, engine.dialect, blind=blind))
+            statements = SQLiteStatements(ops, engine.dialect, blind=self._sealed)
+            self._chosen = SQLitePrograms(statements)
             self._distributed = False
             self._vectors = False
         watch_connects(engine.sync_engine)
@@ -249,9 +253,8 @@ class SQLStore:
         self._env: Envelope | None = None
         self._stepwise: Any = None  # with a keyring: the statements of sql/sealed.py
         # With a keyring: the owner (incarnation, user, app) of sessions this process read or
-        # wrote, to choose their data key (see ``_owner``), and whether it has sealed for
-        # that life of the session with a key it found in the key table (``_session_keys``).
-        self._owners: dict[tuple[str, str], tuple[str, str, str, bool]] = {}
+        # wrote, to choose their data key (see ``_owner``).
+        self._owners: dict[tuple[str, str], tuple[str, str, str]] = {}
         if keyring is not None:
             from ..sealing import Envelope, Sealer
             from .keys import SQLKeyTable
@@ -312,7 +315,9 @@ class SQLStore:
         if distributed:  # its writes never send vectors (Citus runs no trigger)
             self._chosen = make_distributed(self._ops, dialect)
         else:
-            self._chosen = PostgresPrograms(PostgresStatements(self._ops, dialect, vectors=vectors))
+            self._chosen = PostgresPrograms(
+                PostgresStatements(self._ops, dialect, vectors=vectors, sealed=self._sealed)
+            )
         self._distributed = distributed
 
     async def _ready(self, operation: str) -> None:
@@ -416,19 +421,19 @@ class SQLStore:
             return events
         return await self._env.open_events(org_id, session_id, events)
 
-    def _remember_owner(self, session: Session, *, checked: bool = False) -> None:
+    def _remember_owner(self, session: Session) -> None:
         if len(self._owners) > 100_000:
             self._owners.clear()
-        key = (session.org_id, session.id)
-        known = self._owners.get(key)
-        checked = checked or (known is not None and known[0] == session.incarnation and known[3])
-        self._owners[key] = (session.incarnation, session.user_id, session.app_name, checked)
+        self._owners[(session.org_id, session.id)] = (
+            session.incarnation,
+            session.user_id,
+            session.app_name,
+        )
 
     async def _owner(
         self, org_id: str, session_id: str, incarnation: str | None
-    ) -> tuple[str, str, bool]:
-        """The (user, app) of a session, whose data keys seal what is written to it, and
-        whether this process has checked the user's key for it (``_session_keys``).
+    ) -> tuple[str, str]:
+        """The (user, app) of a session, whose data keys seal what is written to it.
 
         Known from this process's reads and writes of the session; read otherwise, and
         whenever the caller names another incarnation. An unguarded write (no incarnation)
@@ -438,7 +443,7 @@ class SQLStore:
         """
         known = self._owners.get((org_id, session_id))
         if known is not None and incarnation in (None, known[0]):
-            return known[1], known[2], known[3]
+            return known[1], known[2]
         params = {"k_org": org_id, "k_id": session_id}
         rows = await self._runner.run(
             self._programs.rows(self._q.meta, params, session_from_row), "read", "owner"
@@ -446,10 +451,10 @@ class SQLStore:
         if not rows:
             raise SessionNotFoundError(org_id, session_id)
         self._remember_owner(rows[0])
-        return rows[0].user_id, rows[0].app_name, self._owners[(org_id, session_id)][3]
+        return rows[0].user_id, rows[0].app_name
 
     async def _keys(
-        self, org_id: str, user_id: str, app_name: str, with_app: bool, *, verify: bool
+        self, org_id: str, user_id: str, app_name: str, with_app: bool, *, verify: bool = False
     ) -> tuple[DataKey, DataKey | None]:
         """The user's data key (looked up in the key table first with ``verify``: see
         ``Sealer.key``) and, ``with_app``, the app's."""
@@ -461,26 +466,29 @@ class SQLStore:
     async def _session_keys(
         self, org_id: str, session_id: str, incarnation: str | None, with_app: bool
     ) -> tuple[str, str, DataKey, DataKey | None]:
-        """The owner of a session and the data keys that seal what is written to it.
-
-        Another process may have erased the user since this process took their key: what it
-        seals with that key then never opens again. A session that exists was created after
-        any such erasure (``delete_user`` deletes the user's sessions), so the first write
-        this process makes to each life of a session it did not create looks the user's key
-        up in the key table (``Sealer.key``'s ``verify``), and takes the current one if it
-        is gone; later writes to that session use what it found.
-        """
-        user_id, app_name, checked = await self._owner(org_id, session_id, incarnation)
-        user, app = await self._keys(org_id, user_id, app_name, with_app, verify=not checked)
-        if not checked:
-            self._checked(org_id, session_id, incarnation)
+        """The owner of a session and the data keys that seal what is written to it."""
+        user_id, app_name = await self._owner(org_id, session_id, incarnation)
+        user, app = await self._keys(org_id, user_id, app_name, with_app)
         return user_id, app_name, user, app
 
-    def _checked(self, org_id: str, session_id: str, incarnation: str | None) -> None:
-        """Note that the user's key was checked for this life of the session."""
-        known = self._owners.get((org_id, session_id))
-        if known is not None and incarnation in (None, known[0]):
-            self._owners[(org_id, session_id)] = (*known[:3], True)
+    async def _sealed_write(self, org_id: str, write: Callable[[], Awaitable[T]]) -> T:
+        """Run a write that seals with a user's data key and names it (``k_key``).
+
+        Another process's ``delete_user`` may have destroyed a key this process holds: what
+        is sealed with it never opens again. Each such write checks, in its own statement
+        (``Statements.key_held``), that the key is still in the key table, and writes
+        nothing when it is not (``KeyDestroyed``: the session was made after the erasure);
+        this process then forgets the key and the write seals again with the user's
+        current key.
+        """
+        env = self._env
+        assert env is not None
+        for _ in range(_KEY_ATTEMPTS - 1):
+            try:
+                return await write()
+            except KeyDestroyed as gone:
+                env.sealer.destroyed(org_id, gone.key_id)
+        return await write()
 
     async def _expected(self, session: Session, delta: ScopedDelta) -> ScopedDelta:
         """A save's expected values of the shared keys it deletes, as stored.
@@ -596,8 +604,9 @@ class SQLStore:
                 session.app_name,
                 session.user_id,
             )
-            # A new session: the user may have been erased elsewhere since this process
-            # took their key (``_session_keys``).
+            # A new session: the user may have been erased by another process since this
+            # one took their key, and a session is made with no guard to check it in
+            # (``_sealed_write``): the key is looked up in the key table first.
             keys = await self._keys(org, user_id, app_name, bool(delta.app_set), verify=True)
             stored = env.seal_changes(*keys, org, sid, app_name, user_id, delta)
             row["title"] = env.seal_title(keys[0], org, sid, session.title)
@@ -614,7 +623,7 @@ class SQLStore:
         session.incarnation = str(row["incarnation"])
         session.mark_persisted()
         if env is not None:
-            self._remember_owner(session, checked=True)
+            self._remember_owner(session)
         return session
 
     async def get(self, org_id: str, session_id: str) -> Session:
@@ -683,22 +692,25 @@ class SQLStore:
         }  # fmt: skip
         await self._ready("update")
         env = self._env
-        if env is not None:
+        if env is None:
+            session.version = await self._run(self._programs.update(params, delta), "update")
+        else:
             org, sid, app_name = session.org_id, session.id, session.app_name
-            known = self._owners.get((org, sid))
-            checked = known is not None and known[0] == session.incarnation and known[3]
-            keys = await self._keys(
-                org, session.user_id, app_name, bool(delta.app_set), verify=not checked
-            )
-            if not checked:
-                self._remember_owner(session, checked=True)
-            delta = env.seal_changes(*keys, org, sid, app_name, session.user_id, delta)
-            if delta.user_expected or delta.app_expected:
-                delta = await self._expected(session, delta)
-            params["v_title"] = env.seal_title(keys[0], org, sid, session.title)
-            private = cast("dict[str, Any]", params["v_state"])
-            params["v_state"] = env.seal_private(keys[0], org, sid, private)
-        session.version = await self._run(self._programs.update(params, delta), "update")
+
+            async def write() -> int:
+                keys = await self._keys(org, session.user_id, app_name, bool(delta.app_set))
+                stored = env.seal_changes(*keys, org, sid, app_name, session.user_id, delta)
+                if stored.user_expected or stored.app_expected:
+                    stored = await self._expected(session, stored)
+                private = cast("dict[str, Any]", params["v_state"])
+                sealed = {
+                    **params, "k_key": keys[0].key_id,
+                    "v_title": env.seal_title(keys[0], org, sid, session.title),
+                    "v_state": env.seal_private(keys[0], org, sid, private),
+                }  # fmt: skip
+                return await self._run(self._programs.update(sealed, stored), "update")
+
+            session.version = await self._sealed_write(org, write)
         session.updated_at = now
         session.mark_persisted()
         return session
@@ -809,36 +821,43 @@ class SQLStore:
         stored, delta = prepare_event(event, self.max_value_bytes)
         params["v_tokens"] = stored.tokens
         await self._ready("append_event")
-        kept = stored
-        if self._env is not None:
-            sealed, delta = await self._seal_events(
-                org_id, session_id, incarnation, [stored], delta
+        if self._env is None:
+            stored.seq = await self._with_vectors(
+                lambda: self._programs.append(params, stored, delta), "append_event"
             )
-            kept = sealed[0]
-        stored.seq = await self._with_vectors(
-            lambda: self._programs.append(params, kept, delta), "append_event"
-        )
+            return stored
+
+        async def write() -> int:
+            sealed, sealed_delta, _ = await self._seal_events(params, incarnation, [stored], delta)
+            return await self._with_vectors(
+                lambda: self._programs.append(params, sealed[0], sealed_delta), "append_event"
+            )
+
+        stored.seq = await self._sealed_write(org_id, write)
         return stored
 
     async def _seal_events(
         self,
-        org_id: str,
-        session_id: str,
+        params: dict[str, Any],
         incarnation: str | None,
         events: builtins.list[Event],
         delta: ScopedDelta,
-    ) -> tuple[builtins.list[Event], ScopedDelta]:
-        """Events and their delta as stored: sealed with the session owner's keys."""
+    ) -> tuple[builtins.list[Event], ScopedDelta, DataKey]:
+        """Events and their delta as stored, sealed with the session owner's keys, and the
+        user's data key, which the write's ``params`` name (``k_key``)."""
         env = self._env
         assert env is not None
+        org_id, session_id = params["k_org"], params["k_id"]
         user_id, app_name, user, app = await self._session_keys(
             org_id, session_id, incarnation, bool(delta.app_set)
         )
+        params["k_key"] = user.key_id
         index = await env.sealer.index_key(org_id)
         sealed: builtins.list[Event] = [
             env.seal_event(user, org_id, session_id, e, index.blind(e.content)) for e in events
         ]
-        return sealed, env.seal_changes(user, app, org_id, session_id, app_name, user_id, delta)
+        stored = env.seal_changes(user, app, org_id, session_id, app_name, user_id, delta)
+        return sealed, stored, user
 
     async def list_events(
         self,
@@ -885,10 +904,19 @@ class SQLStore:
         }  # fmt: skip
         await self._ready("touch")
         env = self._env
-        if env is not None and title:
-            _, _, key, _ = await self._session_keys(org_id, session_id, incarnation, False)
-            params["v_title"] = env.seal_title(key, org_id, session_id, title)
-        found = await self._runner.run(self._programs.touch(params), "atomic", "touch")
+        if env is not None:
+            params["k_key"] = None  # sealed nothing (without a title)
+        if env is None or not title:
+            found = await self._runner.run(self._programs.touch(params), "atomic", "touch")
+        else:
+
+            async def write() -> Session:
+                _, _, key, _ = await self._session_keys(org_id, session_id, incarnation, False)
+                sealed_title = env.seal_title(key, org_id, session_id, title)
+                sealed = {**params, "k_key": key.key_id, "v_title": sealed_title}
+                return await self._runner.run(self._programs.touch(sealed), "atomic", "touch")
+
+            found = await self._sealed_write(org_id, write)
         return await self._opened(found, with_state=False)
 
     async def fork(
@@ -923,7 +951,7 @@ class SQLStore:
         env = self._env
         assert env is not None
         org_id = params["k_org"]
-        user_id, _, _ = await self._owner(org_id, params["k_id"], None)
+        user_id, _ = await self._owner(org_id, params["k_id"], None)
         keys = await env.sealer.scope_keys(org_id, USER, user_id)
         current = await env.user_key(org_id, user_id)
         index = await env.sealer.index_key(org_id)
@@ -1129,15 +1157,24 @@ class SQLStore:
         params.update(
             v_count=len(stored), v_messages=len(stored), v_tokens=sum(e.tokens for e in stored)
         )
-        kept = stored
-        if self._env is not None:
-            kept, delta = await self._seal_events(org_id, session_id, incarnation, stored, delta)
-            if title:
-                _, _, key, _ = await self._session_keys(org_id, session_id, incarnation, False)
-                params["v_title"] = self._env.seal_title(key, org_id, session_id, title)
-        last = await self._with_vectors(
-            lambda: self._programs.append_many(params, kept, delta), "append_events"
-        )
+        env = self._env
+        if env is None:
+            last = await self._with_vectors(
+                lambda: self._programs.append_many(params, stored, delta), "append_events"
+            )
+        else:
+
+            async def write() -> int:
+                kept, sealed_delta, key = await self._seal_events(
+                    params, incarnation, stored, delta
+                )
+                params["v_title"] = env.seal_title(key, org_id, session_id, title)
+                return await self._with_vectors(
+                    lambda: self._programs.append_many(params, kept, sealed_delta),
+                    "append_events",
+                )
+
+            last = await self._sealed_write(org_id, write)
         for offset, event in enumerate(stored, start=last - len(stored) + 1):
             event.seq = offset
         return stored

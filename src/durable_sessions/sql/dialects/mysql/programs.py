@@ -153,8 +153,8 @@ def words_insert() -> Any:
 class MySQLStatements(Statements):
     """MySQL's statements: a locking read of the session row, and plain writes."""
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, *args: Any, sealed: bool = False) -> None:
+        super().__init__(*args, sealed=sealed)
         c = self.compile
         ops = self.ops
         self.lock_row = c(self.locked(select(*META, S.c.state, S.c.event_seq).where(SESSION_KEY)))
@@ -338,6 +338,7 @@ class MySQLPrograms(Programs):
             raise StaleSessionError(org_id, session_id, expected)
         counters = (row.message_count, row.token_total, row.version)
         check_counters(org_id, session_id, counters, *_increments(params))
+        yield from self.check_key(params)
         return row
 
     def _set(self, row: Any, params: dict[str, Any], **changes: Any) -> Program[None]:

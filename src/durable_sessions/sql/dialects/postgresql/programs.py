@@ -106,8 +106,8 @@ class PostgresShapes(Statements):
     """What Postgres runs in either mode (one statement per operation, or distributed):
     row locks, a session read with its transcript in one statement, ``lock_timeout``."""
 
-    def __init__(self, ops: DialectOps, dialect: Dialect) -> None:
-        super().__init__(ops, dialect)
+    def __init__(self, ops: DialectOps, dialect: Dialect, *, sealed: bool = False) -> None:
+        super().__init__(ops, dialect, sealed=sealed)
         c = self.compile
         self.pg_lock_session = c(select(S.c.version).where(SESSION_KEY).with_for_update())
         self.lock_timeout = c(
@@ -211,9 +211,11 @@ class PostgresStatements(PostgresShapes):
     (a generated column, revisions 0003 to 0007, or no column), Postgres computes them.
     """
 
-    def __init__(self, ops: DialectOps, dialect: Dialect, *, vectors: bool = True) -> None:
+    def __init__(
+        self, ops: DialectOps, dialect: Dialect, *, vectors: bool = True, sealed: bool = False
+    ) -> None:
         self.vectors = vectors
-        super().__init__(ops, dialect)
+        super().__init__(ops, dialect, sealed=sealed)
         c = self.compile
         self.pg_fork = c(self._pg_fork())
         self.pg_truncate = c(self._pg_truncate())

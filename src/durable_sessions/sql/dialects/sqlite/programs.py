@@ -19,7 +19,7 @@ class SQLiteStatements(StepwiseStatements):
     """SQLite's statements: the steps of its multi-statement write transactions."""
 
     def __init__(self, *args: Any, blind: bool = False) -> None:
-        super().__init__(*args)
+        super().__init__(*args, sealed=blind)
         if blind:  # an encrypted store's events carry their blind index text (revision 0012)
             terms = insert(EVENTS_WITH_TERMS).values(bound_row(EVENTS_WITH_TERMS))
             self.insert_event = self.compile(terms)

@@ -182,6 +182,7 @@ class StepwisePrograms(Programs):
 
     def _create(self, row: dict[str, Any], delta: ScopedDelta) -> Program[tuple[Any, Any]]:
         org, app_name, user_id = row["org_id"], row["app_name"], row["user_id"]
+        yield from self.check_key({**row, "k_org": org})  # under the write lock taken
         if (yield Query(self.q.insert_session, {**row, "k_org": org})).first() is None:
             raise SessionExistsError(org, row["id"])
         yield from self._write_shared(org, app_name, user_id, delta, row["created_at"])

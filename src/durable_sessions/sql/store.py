@@ -454,13 +454,12 @@ class SQLStore:
         return rows[0].user_id, rows[0].app_name
 
     async def _keys(
-        self, org_id: str, user_id: str, app_name: str, with_app: bool, *, verify: bool = False
+        self, org_id: str, user_id: str, app_name: str, with_app: bool
     ) -> tuple[DataKey, DataKey | None]:
-        """The user's data key (looked up in the key table first with ``verify``: see
-        ``Sealer.key``) and, ``with_app``, the app's."""
+        """The user's data key and, ``with_app``, the app's."""
         env = self._env
         assert env is not None
-        user = await env.user_key(org_id, user_id, verify=verify)
+        user = await env.user_key(org_id, user_id)
         return user, (await env.app_key(org_id, app_name) if with_app else None)
 
     async def _session_keys(
@@ -476,10 +475,11 @@ class SQLStore:
 
         Another process's ``delete_user`` may have destroyed a key this process holds: what
         is sealed with it never opens again. Each such write checks, in its own statement
-        (``Statements.key_held``), that the key is still in the key table, and writes
-        nothing when it is not (``KeyDestroyed``: the session was made after the erasure);
-        this process then forgets the key and the write seals again with the user's
-        current key.
+        or under the lock it writes under (``Statements.key_held``, ``Programs.check_key``),
+        that the key is still in the key table, and writes nothing when it is not
+        (``KeyDestroyed``: the user came back after the erasure, and the session is new or
+        was made since); this process then forgets the key and the write seals again with
+        the user's current key.
         """
         env = self._env
         assert env is not None
@@ -596,23 +596,27 @@ class SQLStore:
             "incarnation": new_id(),
         }  # fmt: skip
         await self._ready("create")
-        env, stored = self._env, delta
-        if env is not None:
+        env = self._env
+        if env is None:
+            user, app = await self._run(self._programs.create(row, delta), "create")
+        else:
             org, sid, app_name, user_id = (
                 session.org_id,
                 session.id,
                 session.app_name,
                 session.user_id,
             )
-            # A new session: the user may have been erased by another process since this
-            # one took their key, and a session is made with no guard to check it in
-            # (``_sealed_write``): the key is looked up in the key table first.
-            keys = await self._keys(org, user_id, app_name, bool(delta.app_set), verify=True)
-            stored = env.seal_changes(*keys, org, sid, app_name, user_id, delta)
-            row["title"] = env.seal_title(keys[0], org, sid, session.title)
-            row["state"] = stored.private_set
-        user, app = await self._run(self._programs.create(row, stored), "create")
-        if env is not None:
+
+            async def write() -> tuple[Any, Any]:
+                keys = await self._keys(org, user_id, app_name, bool(delta.app_set))
+                stored = env.seal_changes(*keys, org, sid, app_name, user_id, delta)
+                sealed = {
+                    **row, "k_key": keys[0].key_id, "state": stored.private_set,
+                    "title": env.seal_title(keys[0], org, sid, session.title),
+                }  # fmt: skip
+                return await self._run(self._programs.create(sealed, stored), "create")
+
+            user, app = await self._sealed_write(org, write)
             user = (await env.open_user(org, app_name, user_id, user)).items()
             app = (await env.open_app(org, app_name, app)).items()
         temp = {k: v for k, v in session.state.items() if scope_of(k) == "temp"}

@@ -400,6 +400,7 @@ class MySQLPrograms(Programs):
 
     def _create(self, row: dict[str, Any], delta: ScopedDelta) -> Program[tuple[Any, Any]]:
         org, app_name, user_id = row["org_id"], row["app_name"], row["user_id"]
+        yield from self.check_key({**row, "k_org": org})
         try:
             yield Query(self.q.insert_session, {**row, "k_org": org})
         except Exception as exc:

@@ -55,6 +55,7 @@ from ...statements import (
     APP_KEY,
     EVENT_COLUMNS,
     EVENTS_KEY,
+    KEY_HELD,
     LATER,
     META,
     NOW,
@@ -290,10 +291,13 @@ class PostgresStatements(PostgresShapes):
         shared state that already existed (the statement's snapshot predates its own
         writes)."""
         row = {col.name: bindparam(col.name, type_=col.type) for col in S.c}
+        new_row = self.ops.insert(S)
+        if self.sealed:  # made only while the user's data key is there (``KEY_HELD``)
+            new_row = new_row.from_select(list(row), select(*row.values()).where(KEY_HELD))
+        else:
+            new_row = new_row.values(row)
         created = (
-            self.ops.insert(S)
-            .values(row)
-            .on_conflict_do_nothing()  # type: ignore[attr-defined]
+            new_row.on_conflict_do_nothing()  # type: ignore[attr-defined]
             .returning(S.c.app_name, S.c.user_id)
             .cte("created")
         )
@@ -540,6 +544,7 @@ class PostgresPrograms(PostgresReads):
         params.update(shared_params(delta))
         found = (yield Query(self.q.writing("create", delta), params)).first()
         if not found.created:
+            yield from self.check_key(params)  # or the user's data key was destroyed
             raise SessionExistsError(row["org_id"], row["id"])
         # The statement's read predates its own writes: lay the new shared keys over it.
         return shared_items({**(found.user_state or {}), **delta.user_set},

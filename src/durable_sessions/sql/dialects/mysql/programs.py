@@ -52,13 +52,22 @@ from ....prepare import (
 )
 from ....state import MAX_INT64, ScopedDelta
 from ...compiled import Compiled
-from ...programs import Job, Programs, _increments, session_from_row, shared_items, unwritten
+from ...programs import (
+    Job,
+    KeyDestroyed,
+    Programs,
+    _increments,
+    session_from_row,
+    shared_items,
+    unwritten,
+)
 from ...runner import RESTART, Program, Query
 from ...schema import ID, JSONValue, UTCDateTime, _Bytes, app_state, events, user_state
 from ...statements import (
     APP_KEY,
     EVENT_COLUMNS,
     EVENTS_KEY,
+    KEY_HELD,
     META,
     SESSION_KEY,
     USER_KEY,
@@ -157,8 +166,18 @@ class MySQLStatements(Statements):
         super().__init__(*args, sealed=sealed)
         c = self.compile
         ops = self.ops
-        self.lock_row = c(self.locked(select(*META, S.c.state, S.c.event_seq).where(SESSION_KEY)))
+        row = select(*META, S.c.state, S.c.event_seq)
+        self.lock_row = c(self.locked(row.where(SESSION_KEY)))
+        # An encrypted store's writes: the row, and whether the user's data key they sealed
+        # with (``k_key``) is still in the key table, in one statement.
+        keyed = row.add_columns(KEY_HELD.label("key_held")).where(SESSION_KEY)
+        self.lock_keyed = c(self.locked(keyed))
         self.insert_session = c(insert(S).values(bound_row(S)))
+        # An encrypted store's create: the row, only while the user's data key is there.
+        fields = bound_row(S)
+        self.create_keyed = c(
+            insert(S).from_select(list(fields), select(*fields.values()).where(KEY_HELD))
+        )
         self.set_session = c(
             update(S)
             .where(SESSION_KEY)
@@ -328,7 +347,10 @@ class MySQLPrograms(Programs):
     def _locked(self, params: dict[str, Any]) -> Program[Any]:
         """Lock the session row and check the write's guards on it; return the row."""
         org_id, session_id = params["k_org"], params["k_id"]
-        row = (yield Query(self.q.lock_row, {"k_org": org_id, "k_id": session_id})).first()
+        key = {"k_org": org_id, "k_id": session_id}
+        if self.q.sealed:
+            key["k_key"] = params.get("k_key")
+        row = (yield Query(self.q.lock_keyed if self.q.sealed else self.q.lock_row, key)).first()
         if row is None:
             raise SessionNotFoundError(org_id, session_id)
         expected = params.get("v_expected")
@@ -338,7 +360,8 @@ class MySQLPrograms(Programs):
             raise StaleSessionError(org_id, session_id, expected)
         counters = (row.message_count, row.token_total, row.version)
         check_counters(org_id, session_id, counters, *_increments(params))
-        yield from self.check_key(params)
+        if self.q.sealed and not row.key_held:
+            raise KeyDestroyed(org_id, params["k_key"])
         return row
 
     def _set(self, row: Any, params: dict[str, Any], **changes: Any) -> Program[None]:
@@ -400,13 +423,18 @@ class MySQLPrograms(Programs):
 
     def _create(self, row: dict[str, Any], delta: ScopedDelta) -> Program[tuple[Any, Any]]:
         org, app_name, user_id = row["org_id"], row["app_name"], row["user_id"]
-        yield from self.check_key({**row, "k_org": org})
+        sealed = self.q.sealed
         try:
-            yield Query(self.q.insert_session, {**row, "k_org": org})
+            done = yield Query(
+                self.q.create_keyed if sealed else self.q.insert_session,
+                {**row, "k_org": org, "k_key": row.get("k_key")},
+            )
         except Exception as exc:
             if _is_duplicate(exc):
                 raise SessionExistsError(org, row["id"]) from None
             raise
+        if sealed and not done.rowcount:
+            raise KeyDestroyed(org, row["k_key"])
         yield from self._write_shared(org, app_name, user_id, delta, row["created_at"])
         return (yield from self._shared(org, app_name, user_id))
 

@@ -126,7 +126,9 @@ def _fork(
     )
     sealed_title = Envelope.seal_title(current, org_id, child_id, title)
     row = fork_row(params, parent, sealed_title, sealed_private)
-    if not (yield from _insert_child(statements, {**row, "k_org": org_id})):
+    # The user's keys were read from the key table for this fork (``Sealer.scope_keys``):
+    # the insert checks none (``k_key``).
+    if not (yield from _insert_child(statements, {**row, "k_org": org_id, "k_key": None})):
         raise SessionExistsError(org_id, child_id)
     if with_events:
         found = (yield Query(statements.events, {"k_org": org_id, "k_id": parent_id})).rows

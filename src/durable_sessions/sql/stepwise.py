@@ -36,6 +36,7 @@ from .statements import (
     APP_KEY,
     EVENT_COLUMNS,
     EVENTS_KEY,
+    KEY_HELD,
     META,
     SESSION_KEY,
     USER_KEY,
@@ -77,7 +78,13 @@ class StepwiseStatements(Statements):
     def __init__(self, ops: DialectOps, dialect: Dialect, *, sealed: bool = False) -> None:
         super().__init__(ops, dialect, sealed=sealed)
         c = self.compile
-        self.insert_session = c(ops.insert_if_absent(S).values(bound_row(S)).returning(S.c.id))
+        fields = bound_row(S)
+        new_row: Any = ops.insert_if_absent(S)
+        if sealed:  # made only while the user's data key is there (``KEY_HELD``)
+            new_row = new_row.from_select(list(fields), select(*fields.values()).where(KEY_HELD))
+        else:
+            new_row = new_row.values(fields)
+        self.insert_session = c(new_row.returning(S.c.id))
         self.upsert_user = c(self._upsert(user_state, USER_KEY))
         self.upsert_app = c(self._upsert(app_state, APP_KEY))
         self.delete_user_keys = c(
@@ -182,8 +189,9 @@ class StepwisePrograms(Programs):
 
     def _create(self, row: dict[str, Any], delta: ScopedDelta) -> Program[tuple[Any, Any]]:
         org, app_name, user_id = row["org_id"], row["app_name"], row["user_id"]
-        yield from self.check_key({**row, "k_org": org})  # under the write lock taken
-        if (yield Query(self.q.insert_session, {**row, "k_org": org})).first() is None:
+        params = {**row, "k_org": org}
+        if (yield Query(self.q.insert_session, params)).first() is None:
+            yield from self.check_key(params)  # or the user's data key was destroyed
             raise SessionExistsError(org, row["id"])
         yield from self._write_shared(org, app_name, user_id, delta, row["created_at"])
         shared = (

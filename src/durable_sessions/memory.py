@@ -209,9 +209,9 @@ class InMemoryStore:
         self, org_id: str, user_id: str, app_name: str, with_app: bool
     ) -> tuple[DataKey | None, DataKey | None]:
         """The user's (and the app's) data keys, None without a keyring. The user's key is
-        looked up in the key table first (``Sealer.key``'s ``verify``), as a SQL store does
-        before its first write to a session: another store sharing the table (a process, in
-        SQL) may have erased the user. Here the lookup is one dict's."""
+        looked up in the key table first (``Sealer.key``'s ``verify``), as a SQL store's
+        writes check it in their own statements: another store sharing the table (a
+        process, in SQL) may have erased the user. Here the lookup is one dict's."""
         if self._env is None:
             return None, None
         user = await self._env.user_key(org_id, user_id, verify=True)

@@ -161,9 +161,9 @@ async def test_a_user_erased_by_another_process_is_written_under_new_keys(
     vault: Any, tmp_path: Path
 ) -> None:
     """One process erases a user whose data key other processes hold; when the user comes
-    back, what those write for them (an event or a save to a session made elsewhere since,
-    a batch of events, a title, a session of their own, a fork, a memory) is sealed under keys in the key table, which every
-    process opens, never under the destroyed one."""
+    back, what those write for them (an event, a batch of events, a title or a save to a
+    session made elsewhere since, a session of their own, a fork, a memory) is sealed under
+    keys in the key table, which every process opens, never under the destroyed one."""
     await _fill(vault.store, "alice", SECRETS[0], "s1")
 
     async def holding_alices_key() -> Store:

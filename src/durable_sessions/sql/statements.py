@@ -503,6 +503,13 @@ class Statements:
         row: on an encrypted store, that the key ``k_key`` is still in the key table."""
         return [KEY_HELD] if self.sealed else []
 
+    def new_session_row(self, insert: Any, fields: dict[str, Any]) -> Any:
+        """``insert`` of a session row of ``fields``; on an encrypted store, made only while
+        the user's data key ``k_key`` is there (``KEY_HELD``)."""
+        if self.sealed:
+            return insert.from_select(list(fields), select(*fields.values()).where(KEY_HELD))
+        return insert.values(fields)
+
     def key_found(self) -> Compiled:
         """The id of the data key ``k_key`` of the organisation, if it is in the key table
         (why an encrypted store's write found no session row to write: ``KEY_HELD``)."""

@@ -36,7 +36,6 @@ from .statements import (
     APP_KEY,
     EVENT_COLUMNS,
     EVENTS_KEY,
-    KEY_HELD,
     META,
     SESSION_KEY,
     USER_KEY,
@@ -78,12 +77,7 @@ class StepwiseStatements(Statements):
     def __init__(self, ops: DialectOps, dialect: Dialect, *, sealed: bool = False) -> None:
         super().__init__(ops, dialect, sealed=sealed)
         c = self.compile
-        fields = bound_row(S)
-        new_row: Any = ops.insert_if_absent(S)
-        if sealed:  # made only while the user's data key is there (``KEY_HELD``)
-            new_row = new_row.from_select(list(fields), select(*fields.values()).where(KEY_HELD))
-        else:
-            new_row = new_row.values(fields)
+        new_row = self.new_session_row(ops.insert_if_absent(S), bound_row(S))
         self.insert_session = c(new_row.returning(S.c.id))
         self.upsert_user = c(self._upsert(user_state, USER_KEY))
         self.upsert_app = c(self._upsert(app_state, APP_KEY))

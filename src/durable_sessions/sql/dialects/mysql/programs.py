@@ -172,12 +172,7 @@ class MySQLStatements(Statements):
         # with (``k_key``) is still in the key table, in one statement.
         keyed = row.add_columns(KEY_HELD.label("key_held")).where(SESSION_KEY)
         self.lock_keyed = c(self.locked(keyed))
-        self.insert_session = c(insert(S).values(bound_row(S)))
-        # An encrypted store's create: the row, only while the user's data key is there.
-        fields = bound_row(S)
-        self.create_keyed = c(
-            insert(S).from_select(list(fields), select(*fields.values()).where(KEY_HELD))
-        )
+        self.insert_session = c(self.new_session_row(insert(S), bound_row(S)))
         self.set_session = c(
             update(S)
             .where(SESSION_KEY)
@@ -423,17 +418,13 @@ class MySQLPrograms(Programs):
 
     def _create(self, row: dict[str, Any], delta: ScopedDelta) -> Program[tuple[Any, Any]]:
         org, app_name, user_id = row["org_id"], row["app_name"], row["user_id"]
-        sealed = self.q.sealed
         try:
-            done = yield Query(
-                self.q.create_keyed if sealed else self.q.insert_session,
-                {**row, "k_org": org, "k_key": row.get("k_key")},
-            )
+            done = yield Query(self.q.insert_session, {**row, "k_org": org})
         except Exception as exc:
             if _is_duplicate(exc):
                 raise SessionExistsError(org, row["id"]) from None
             raise
-        if sealed and not done.rowcount:
+        if not done.rowcount:  # an encrypted store's, whose user's data key is gone
             raise KeyDestroyed(org, row["k_key"])
         yield from self._write_shared(org, app_name, user_id, delta, row["created_at"])
         return (yield from self._shared(org, app_name, user_id))

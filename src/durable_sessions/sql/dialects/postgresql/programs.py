@@ -55,7 +55,6 @@ from ...statements import (
     APP_KEY,
     EVENT_COLUMNS,
     EVENTS_KEY,
-    KEY_HELD,
     LATER,
     META,
     NOW,
@@ -291,13 +290,9 @@ class PostgresStatements(PostgresShapes):
         shared state that already existed (the statement's snapshot predates its own
         writes)."""
         row = {col.name: bindparam(col.name, type_=col.type) for col in S.c}
-        new_row = self.ops.insert(S)
-        if self.sealed:  # made only while the user's data key is there (``KEY_HELD``)
-            new_row = new_row.from_select(list(row), select(*row.values()).where(KEY_HELD))
-        else:
-            new_row = new_row.values(row)
         created = (
-            new_row.on_conflict_do_nothing()  # type: ignore[attr-defined]
+            self.new_session_row(self.ops.insert(S), row)
+            .on_conflict_do_nothing()
             .returning(S.c.app_name, S.c.user_id)
             .cte("created")
         )

@@ -21,7 +21,7 @@ same moments of a busy machine; each call is timed on its own:
 
 The median of the rounds' ratios (encrypted over plain, in time per operation) is printed
 for each operation; the issue's budget is 1.15 (at most 15% slower). A last line gives the
-floor of ``cold``: the events' values it opens, each decrypted alone with its data key (one
+floor of ``cold``: the events it opens, each decrypted alone with its data key (one
 call per value, nothing decoded or kept), in each round as a share of the plain ``load``.
 
     python -m benchmarks run encryption [--backend sqlite|postgres|mysql]
@@ -91,14 +91,15 @@ async def _sealed_values(
 ) -> list[tuple[Any, str, bytes]]:
     """The sealed values of the events ``load`` reads from the encrypted store's session
     (read as stored, through the plain store), each with its data key and associated data."""
-    from durable_sessions.sealing import key_id_of, row_aad
+    from durable_sessions.sealing import EVENT_PREFIX, key_id_of, row_aad
 
     assert encrypted._env is not None
     sealer = encrypted._env.sealer
     read = await plain.get_with_events("org", session_id, limit=20)
     found = []
     for event in read.events:
-        values = [(event.content, row_aad("content", "org", session_id, event.id))]
+        kind = "event" if event.content.startswith(EVENT_PREFIX) else "content"
+        values = [(event.content, row_aad(kind, "org", session_id, event.id))]
         values += [
             (v, row_aad("delta", "org", session_id, event.id, k))
             for k, v in event.state_delta.items()

@@ -10,10 +10,12 @@ index). A store keeps its data keys in a key table, each *wrapped* by the keyrin
 A *sealed* value is the text ``dse1:<key id>:<base64(nonce + ciphertext + tag)>`` of
 AES-256-GCM over the value's JSON, with associated data that names the row it belongs to
 (kind, organisation, session and key or event id): the same ciphertext anywhere else does
-not decrypt. The nonce is synthetic (HMAC-SHA256 of the associated data and the plaintext,
-under a key of its own): the same value in the same place seals to the same text, which lets
-SQL compare a stored value with an expected one, and reveals only that a row holds the same
-value as before.
+not decrypt. An event is sealed whole, as one value: ``dse2:<key id>:<base64>`` of the JSON
+``[content, state_delta]``, stored as its content (its stored state delta is empty), so a
+read decrypts one value per event. The nonce is synthetic (HMAC-SHA256 of the associated
+data and the plaintext, under a key of its own): the same value in the same place seals to
+the same text, which lets SQL compare a stored value with an expected one, and reveals only
+that a row holds the same value as before.
 
 The blind index replaces each word of an event's text by a keyed hash of it
 (HMAC-SHA256 under the organisation's index key, as 16 letters), so that whole-word search
@@ -56,6 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 __all__ = [
     "APP",
+    "EVENT_PREFIX",
     "INDEX",
     "INDEX_KEY_ID",
     "PREFIX",
@@ -70,13 +73,17 @@ __all__ = [
     "SealedEvent",
     "SealedMemory",
     "Sealer",
+    "event_pair",
     "is_sealed",
     "key_id_of",
     "row_aad",
 ]
 
 PREFIX = "dse1:"
-"""What every sealed value starts with (format 1)."""
+"""What every sealed value but an event starts with (format 1)."""
+EVENT_PREFIX = "dse2:"
+"""What a sealed event starts with: its content and state delta, sealed as one value."""
+_PREFIXES = (PREFIX, EVENT_PREFIX)
 USER = "user"
 """The kind of data key of a user's sessions, private state, events and ``user:`` state."""
 APP = "app"
@@ -211,7 +218,7 @@ class MemoryKeyTable:
 
 def is_sealed(value: Any) -> bool:
     """Whether a stored value is sealed (not plaintext written without a keyring)."""
-    return isinstance(value, str) and value.startswith(PREFIX)
+    return isinstance(value, str) and value.startswith(_PREFIXES)
 
 
 def row_aad(*parts: str) -> bytes:
@@ -226,8 +233,7 @@ def _aad_part(part: str) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
-_CONTENT_AAD = row_aad("content")
-_DELTA_AAD = row_aad("delta")
+_EVENT_AAD = row_aad("event")
 _STATE_AAD = row_aad("state")
 _USER_AAD = row_aad("user")
 _APP_AAD = row_aad("app")
@@ -240,47 +246,8 @@ def _scope(org_id: str, kind: str, owner: str) -> str:
 _MISS: Any = object()
 _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
-
-def _same(value: Any) -> Any:
-    return value
-
-
-_copy_dict: Callable[[Any], Any] = dict.copy
-
-
-def _copier(value: Any) -> Callable[[Any], Any]:
-    """How a kept event gives a fresh copy of an opened value (``_kept_event``): the value
-    itself when immutable, a copy of a dict of immutable values, else its JSON text decoded."""
-    kind = type(value)
-    if kind in _IMMUTABLE:
-        return _same
-    if kind is dict:
-        for k, v in value.items():
-            if type(k) is not str or type(v) not in _IMMUTABLE:
-                return from_json
-        return _copy_dict
-    return from_json
-
-
-_KeptEvent = tuple[str, dict[str, Any], Callable[[Any], Any], Any, Callable[[Any], Any], Any]
-"""A kept event: its id, its sealed state delta as stored, then for its opened content and
-its opened state delta each, a function and what it is given to make a fresh copy."""
-
-
-def _kept_event(
-    event_id: str, sealed_delta: dict[str, Any], content: Any, content_text: str, delta: Any
-) -> _KeptEvent:
-    """An event to keep: what it opened to (``content``, whose JSON text is
-    ``content_text``, and ``delta``), held apart from those objects (``_copier``)."""
-    copy_content, copy_delta = _copier(content), _copier(delta)
-    return (
-        event_id,
-        dict(sealed_delta),
-        copy_content,
-        content_text if copy_content is from_json else copy_content(content),
-        copy_delta,
-        to_json(delta) if copy_delta is from_json else copy_delta(delta),
-    )
+_KeptEvent = tuple[str, str]
+"""A kept event: its id, and the JSON text of its ``[content, state_delta]``."""
 
 
 class OpenedValues:
@@ -315,7 +282,7 @@ class OpenedValues:
         # (sealed text, associated data) -> (the data key, the value or its JSON text, whether
         # it is the text)
         self._entries: dict[tuple[str, bytes], tuple[DataKey, Any, bool]] = {}
-        # (organisation, session) -> sealed content -> the event kept (``_KeptEvent``)
+        # (organisation, session) -> sealed event -> the event kept (``_KeptEvent``)
         self._events: dict[tuple[str, str], dict[str, _KeptEvent]] = {}
         self._event_count = 0
         self._chars = 0
@@ -364,9 +331,9 @@ class OpenedValues:
     def keep_events(
         self, org_id: str, session_id: str, events: dict[str, _KeptEvent], size: int
     ) -> None:
-        """Keep events of a session (``_kept_event``), by sealed content; ``size`` is the
+        """Keep events of a session (``_KeptEvent``), by sealed event; ``size`` is the
         length of their sealed texts, each event's at most ``KEEP_VALUE_CHARS`` (the caller
-        leaves out longer ones). ``events`` then opens each in one lookup. Past ``KEEP_CHARS``
+        leaves out longer ones). ``events`` then finds each in one lookup. Past ``KEEP_CHARS``
         or ``KEEP_VALUES`` all is dropped first; more than those at once is not kept."""
         if len(events) > self.KEEP_VALUES or 2 * size > self.KEEP_CHARS:
             return
@@ -384,8 +351,8 @@ class OpenedValues:
         self._chars += 2 * size  # the sealed texts, and at most as much opened
 
     def events(self, org_id: str, session_id: str) -> dict[str, _KeptEvent]:
-        """The events of a session kept (``keep_events``), by sealed content: a hit is the
-        event when its id and sealed state delta are the ones kept."""
+        """The events of a session kept (``keep_events``), by sealed event: a hit is the
+        event when its id is the one kept."""
         return self._events.get((org_id, session_id)) or {}
 
     def clear(self) -> None:
@@ -413,8 +380,8 @@ class DataKey:
     """
 
     __slots__ = (
-        "_aead", "_index_mac", "_nonce_mac", "_opened", "_terms", "key_id", "kind", "owner",
-        "sealed_head",
+        "_aead", "_index_mac", "_nonce_mac", "_opened", "_terms", "decrypt", "event_head",
+        "key_id", "kind", "owner", "sealed_head",
     )  # fmt: skip
 
     TERMS_KEPT = 65_536
@@ -433,10 +400,14 @@ class DataKey:
         ).derive(material)
         self.key_id = key_id
         self.sealed_head = f"{PREFIX}{key_id}:"
-        """What every value this key sealed begins with."""
+        """What every value this key sealed begins with, but events."""
+        self.event_head = f"{EVENT_PREFIX}{key_id}:"
+        """What every event this key sealed begins with (as long as ``sealed_head``)."""
         self.kind = kind
         self.owner = owner
         self._aead = AESGCM(derived[:32])
+        self.decrypt: Callable[[bytes, bytes, bytes], bytes] = self._aead.decrypt
+        """AES-GCM decryption under this key: ``decrypt(nonce, data, associated data)``."""
         # HMAC-SHA256 under the nonce key and under the index key, each keyed once here and
         # copied for each value or word.
         self._nonce_mac = hmac.new(derived[32:64], digestmod=hashlib.sha256)
@@ -462,14 +433,16 @@ class DataKey:
             opened.keep(self, token, aad, text, value)
         return token
 
-    def seal_text(self, text: str, aad: bytes) -> str:
-        """Encrypt a value's JSON text for the row ``aad`` names (nothing kept)."""
+    def seal_text(self, text: str, aad: bytes, *, event: bool = False) -> str:
+        """Encrypt a value's JSON text for the row ``aad`` names (nothing kept); with
+        ``event``, as a sealed event (``EVENT_PREFIX``)."""
         plain = text.encode("utf-8", "surrogatepass")
         mac = self._nonce_mac.copy()
         mac.update(aad + b"\x00" + plain)
         nonce = mac.digest()[:12]
         sealed = nonce + self._aead.encrypt(nonce, plain, aad)
-        return self.sealed_head + binascii.b2a_base64(sealed, newline=False).decode()
+        head = self.event_head if event else self.sealed_head
+        return head + binascii.b2a_base64(sealed, newline=False).decode()
 
     def open(self, token: str, aad: bytes) -> Any:
         """Decrypt a value this key sealed for the row ``aad`` names."""
@@ -485,8 +458,8 @@ class DataKey:
         return value
 
     def open_text(self, token: str, aad: bytes) -> str:
-        """Decrypt a value this key sealed for the row ``aad`` names, to its JSON text
-        (nothing kept)."""
+        """Decrypt a value (or event) this key sealed for the row ``aad`` names, to its
+        JSON text (nothing kept)."""
         try:
             raw = binascii.a2b_base64(token[len(self.sealed_head) :])
             plain = self._aead.decrypt(raw[:12], raw[12:], aad)
@@ -520,6 +493,10 @@ class DataKey:
         return found
 
 
+def _no_decrypt(nonce: bytes, data: bytes, aad: bytes) -> bytes:
+    raise AssertionError("no data key chosen yet")  # pragma: no cover
+
+
 _LETTERS = str.maketrans("0123456789abcdef", "abcdefghijklmnop")
 
 
@@ -532,7 +509,7 @@ class KeyNeeded(Exception):
 
 
 def key_id_of(token: str) -> str:
-    """The data key id a sealed value names."""
+    """The data key id a sealed value (or event) names."""
     end = token.find(":", len(PREFIX))
     if end < 0:
         raise DecryptionError("a stored value is not a sealed value")
@@ -737,7 +714,7 @@ class Sealer:
         Raises:
             KeyNeeded: the value's data key is not unwrapped yet (``key_by_id`` fetches it).
         """
-        if not (isinstance(value, str) and value.startswith(PREFIX)):
+        if not (isinstance(value, str) and value.startswith(_PREFIXES)):
             return value
         return self.unwrapped(org_id, key_id_of(value)).open(value, aad)
 
@@ -829,8 +806,10 @@ class Envelope:
     - ``user:`` value: ``("user", org, app, user, key)``; ``app:`` value:
       ``("app", org, app, key)``;
     - title: ``("title", org, session)``;
-    - event content: ``("content", org, session, event id)``; each value of its state
-      delta: ``("delta", org, session, event id, key)``.
+    - event (its content and state delta, sealed as one value):
+      ``("event", org, session, event id)``; as earlier versions wrote events, a content
+      alone: ``("content", org, session, event id)``, and each value of its state delta:
+      ``("delta", org, session, event id, key)`` (read still, written no more).
     """
 
     def __init__(self, sealer: Sealer) -> None:
@@ -875,23 +854,15 @@ class Envelope:
         return key.seal(title, row_aad("title", org_id, session_id)) if title else ""
 
     @staticmethod
-    def seal_content(
-        key: DataKey, org_id: str, session_id: str, event_id: str, content: Any
-    ) -> Any:
-        """Seal an event's content; no content (None) stays None."""
-        if content is None:
-            return None
-        return key.seal(content, row_aad("content", org_id, session_id, event_id))
-
-    @staticmethod
-    def seal_delta(
-        key: DataKey, org_id: str, session_id: str, event_id: str, delta: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Seal the values of an event's state delta (keys stay clear)."""
-        return {
-            k: key.seal(v, row_aad("delta", org_id, session_id, event_id, k))
-            for k, v in delta.items()
-        }
+    def seal_event_values(
+        key: DataKey, org_id: str, session_id: str, event_id: str, content: Any, delta: Any
+    ) -> tuple[Any, dict[str, Any]]:
+        """An event's content and state delta as stored: sealed as one value (the stored
+        content; the stored delta is empty), or None and ``{}`` for an event with neither."""
+        if content is None and not delta:
+            return None, {}
+        aad = row_aad("event", org_id, session_id, event_id)
+        return key.seal_text(to_json([content, delta]), aad, event=True), {}
 
     # -- opening ---------------------------------------------------------------------------
     # Each opens with the data keys unwrapped already (``Sealer.open_now``), fetching a
@@ -948,25 +919,40 @@ class Envelope:
         """Open a title."""
         return await self.sealer.opening(org_id, self._title_now, org_id, session_id, title)
 
-    async def open_content(self, org_id: str, session_id: str, event_id: str, content: Any) -> Any:
-        """Open an event's content."""
-        return await self.sealer.open(
-            org_id, content, row_aad("content", org_id, session_id, event_id)
+    def _stored_event_now(
+        self, org_id: str, session_id: str, event_id: str, content: Any, delta: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        return Envelope.open_stored_event(
+            functools.partial(self.sealer.open_row, org_id),
+            org_id, session_id, event_id, content, delta,
+        )  # fmt: skip
+
+    async def open_event_values(
+        self, org_id: str, session_id: str, event_id: str, content: Any, delta: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        """An event's content and state delta, opened from their stored values."""
+        return await self.sealer.opening(
+            org_id, self._stored_event_now, org_id, session_id, event_id, content, delta
         )
 
-    def _delta_now(
-        self, org_id: str, session_id: str, event_id: str, delta: dict[str, Any]
-    ) -> dict[str, Any]:
-        open_ = self.sealer.open_row
-        aad = row_aad("delta", org_id, session_id, event_id)
-        return {k: open_(org_id, v, aad + _aad_part(k)) for k, v in delta.items()}
-
-    async def open_delta(
-        self, org_id: str, session_id: str, event_id: str, delta: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Open the values of an event's state delta."""
-        return await self.sealer.opening(
-            org_id, self._delta_now, org_id, session_id, event_id, delta
+    @staticmethod
+    def open_stored_event(
+        open_: Callable[[Any, bytes], Any],
+        org_id: str,
+        session_id: str,
+        event_id: str,
+        content: Any,
+        delta: dict[str, Any],
+    ) -> tuple[Any, dict[str, Any]]:
+        """An event's content and state delta opened from their stored values with
+        ``open_(value, associated data)``: a sealed event, or (as written by earlier
+        versions) a content and delta values sealed each alone, or plaintext."""
+        if type(content) is str and content.startswith(EVENT_PREFIX):
+            return event_pair(open_(content, row_aad("event", org_id, session_id, event_id)))
+        head = row_aad("delta", org_id, session_id, event_id)
+        return (
+            open_(content, row_aad("content", org_id, session_id, event_id)),
+            {k: open_(v, head + _aad_part(k)) for k, v in delta.items()},
         )
 
     # -- whole rows ------------------------------------------------------------------------
@@ -1005,27 +991,22 @@ class Envelope:
         event: Event,
         search_terms: str | None = None,
     ) -> SealedEvent:
-        """A copy of an event with its content and state delta sealed (and its blind index
-        text, ``Sealer.blind_text``)."""
-        # Sealed from JSON texts made once; an event with content is kept as well.
-        at = _aad_part(org_id) + _aad_part(session_id) + _aad_part(event.id)
-        content_text = None if event.content is None else to_json(event.content)
-        content = None if content_text is None else key.seal_text(content_text, _CONTENT_AAD + at)
-        head = _DELTA_AAD + at
-        delta = {
-            k: key.seal_text(to_json(v), head + _aad_part(k)) for k, v in event.state_delta.items()
-        }
-        opened = key.opened
-        if opened is not None and content is not None and content_text is not None:
-            size = len(content) + sum([len(v) for v in delta.values()])
-            if size <= opened.KEEP_VALUE_CHARS:
-                kept = _kept_event(event.id, delta, event.content, content_text, event.state_delta)
-                opened.keep_events(org_id, session_id, {content: kept}, size)
+        """A copy of an event with its content and state delta sealed as one value
+        (``seal_event_values``), kept as well, and its blind index text
+        (``Sealer.blind_text``)."""
+        content: str | None = None
+        if event.content is not None or event.state_delta:
+            text = to_json([event.content, event.state_delta])
+            aad = _EVENT_AAD + _aad_part(org_id) + _aad_part(session_id) + _aad_part(event.id)
+            content = key.seal_text(text, aad, event=True)
+            opened = key.opened
+            if opened is not None and len(content) <= opened.KEEP_VALUE_CHARS:
+                opened.keep_events(org_id, session_id, {content: (event.id, text)}, len(content))
         return SealedEvent(
             author=event.author,
             content=content,
             invocation_id=event.invocation_id,
-            state_delta=delta,
+            state_delta={},
             tokens=event.tokens,
             id=event.id,
             timestamp=event.timestamp,
@@ -1137,65 +1118,68 @@ class Envelope:
         session.title, session.state = opened
         return session
 
-    def _events_values(
-        self, org_id: str, session_id: str, events: list[Event]
-    ) -> list[tuple[Any, dict[str, Any]]]:
-        """Each event's opened content and state delta, in order."""
-        # row_aad("content" or "delta", org, session, event id[, key]), from heads that hold
-        # the first three parts.
-        session = _aad_part(org_id) + _aad_part(session_id)
-        content_head, delta_head = _CONTENT_AAD + session, _DELTA_AAD + session
+    def _events_values(self, org_id: str, session_id: str, events: list[Event]) -> list[Any]:
+        """Each event's opened ``[content, state_delta]``, in order."""
+        # row_aad("event", org, session, event id), from a head that holds the first three.
+        head = _EVENT_AAD + _aad_part(org_id) + _aad_part(session_id)
         sealer = self.sealer
-        opened, unwrapped = sealer.opened, sealer.unwrapped
-        open_ = opened.opener(functools.partial(sealer.open_now, org_id))
-        kept, part = opened.events(org_id, session_id), _aad_part
-        # The data key of the last value opened, and the head of the values it sealed.
-        key: DataKey | None = None
+        opened, unwrapped, part = sealer.opened, sealer.unwrapped, _aad_part
+        kept = opened.events(org_id, session_id)
+        # The head of the events the last data key used sealed, and its decryption.
         sealed_by = "\x00"
-        # Events opened here, to keep (``_kept_event``), and their sealed texts' length.
+        decrypt: Callable[[bytes, bytes, bytes], bytes] = _no_decrypt
+        a2b, start = binascii.a2b_base64, 0
+        # Events opened here, to keep, and their sealed texts' length.
         to_keep: dict[str, _KeptEvent] = {}
         to_keep_size, longest = 0, opened.KEEP_VALUE_CHARS
-        out: list[tuple[Any, dict[str, Any]]] = []
+        # The JSON texts of the events sealed whole, decoded together at the end, and where
+        # each goes in ``out``.
+        texts: list[str] = []
+        slots: list[int] = []
+        out: list[Any] = []
         for event in events:
-            content, delta = event.content, event.state_delta or {}
-            if type(content) is not str or not content.startswith(PREFIX):
-                # Not sealed (written without a keyring): passed through, as are its delta's
-                # values unless sealed since.
-                head = delta_head + part(event.id)
-                out.append((content, {k: open_(v, head + part(k)) for k, v in delta.items()}))
-                continue
-            found = kept.get(content)
-            if found is not None and found[0] == event.id and found[1] == delta:
-                # Kept, as this very event: a copy of what it opens to.
-                out.append((found[2](found[3]), found[4](found[5])))
-                continue
-            # Opened, and the event kept.
-            at = part(event.id)
-            if key is None or not content.startswith(sealed_by):
-                key = unwrapped(org_id, key_id_of(content))
-                sealed_by = key.sealed_head
-            content_text = key.open_text(content, content_head + at)
-            head = delta_head + at
-            size = len(content)
-            opened_delta = {}
-            for k, v in delta.items():
-                if type(v) is not str or not v.startswith(PREFIX):
-                    opened_delta[k] = v
-                    continue
-                if not v.startswith(sealed_by):
-                    key = unwrapped(org_id, key_id_of(v))
-                    sealed_by = key.sealed_head
-                opened_delta[k] = from_json(key.open_text(v, head + part(k)))
-                size += len(v)
-            opened_content = from_json(content_text)
-            if size <= longest:
-                to_keep[content] = _kept_event(
-                    event.id, delta, opened_content, content_text, opened_delta
+            content = event.content
+            if type(content) is not str or not content.startswith(EVENT_PREFIX):
+                # Plaintext (written without a keyring), or sealed value by value.
+                open_ = functools.partial(sealer.open_row, org_id)
+                delta = event.state_delta or {}
+                out.append(
+                    self.open_stored_event(open_, org_id, session_id, event.id, content, delta)
                 )
-                to_keep_size += size
-            out.append((opened_content, opened_delta))
+                continue
+            if event.state_delta:
+                raise DecryptionError(
+                    f"event {event.id!r} of session {session_id!r} was altered: a sealed event "
+                    "stores its state delta in its sealed value"
+                )
+            found = kept.get(content)
+            if found is not None and found[0] == event.id:
+                text = found[1]
+            else:
+                if not content.startswith(sealed_by):
+                    key = unwrapped(org_id, key_id_of(content))
+                    sealed_by, decrypt = key.event_head, key.decrypt
+                    start = len(sealed_by)
+                try:  # DataKey.open_text, inline: a read opens many events
+                    raw = a2b(content[start:])
+                    plain = decrypt(raw[:12], raw[12:], head + part(event.id))
+                except (InvalidTag, ValueError, binascii.Error):
+                    raise DecryptionError(
+                        f"event {event.id!r} of session {session_id!r} does not decrypt: it "
+                        "was altered, or moved from another row"
+                    ) from None
+                text = plain.decode("utf-8", "surrogatepass")
+                if len(content) <= longest:
+                    to_keep[content] = (event.id, text)
+                    to_keep_size += len(content)
+            slots.append(len(out))
+            out.append(None)
+            texts.append(text)
         if to_keep:
             opened.keep_events(org_id, session_id, to_keep, to_keep_size)
+        if texts:
+            for slot, pair in zip(slots, from_json(f"[{','.join(texts)}]"), strict=True):
+                out[slot] = pair
         return out
 
     def _event_now(self, org_id: str, session_id: str, event: Event) -> Event:
@@ -1223,6 +1207,13 @@ class Envelope:
         """Return events opened (``open_event``), in order: each plain ``Event`` the caller
         owns (read from the database, or a copy) is opened in place."""
         return await self.sealer.opening(org_id, self._events_now, org_id, session_id, events)
+
+
+def event_pair(opened: Any) -> tuple[Any, dict[str, Any]]:
+    """A sealed event's opened value as its content and state delta."""
+    if type(opened) is not list or len(opened) != 2 or type(opened[1]) is not dict:
+        raise DecryptionError("a sealed event does not hold a content and a state delta")
+    return opened[0], opened[1]
 
 
 def _plain_event(event: Event, content: Any, delta: dict[str, Any]) -> Event:

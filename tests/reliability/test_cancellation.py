@@ -58,7 +58,7 @@ from durable_sessions import (
     StaleSessionError,
 )
 from durable_sessions.crypto import LocalKeyring
-from durable_sessions.sealing import PREFIX
+from durable_sessions.sealing import EVENT_PREFIX, PREFIX
 from durable_sessions.sql.schema import keys, metadata, sessions
 from reliability.figures import Figures
 from reliability.helpers import reset_tables
@@ -606,7 +606,8 @@ class Sweep:
             again = await self.observe()
             assert again == before, "two seeds over the same data keys store different bytes"
             for table in ("ds_sessions", "ds_events", "ds_user_state", "ds_app_state"):
-                assert PREFIX in repr(before[table]), f"nothing sealed in {table}"
+                prefix = EVENT_PREFIX if table == "ds_events" else PREFIX
+                assert prefix in repr(before[table]), f"nothing sealed in {table}"
             assert any(row[-1] for row in before[SEARCH_INDEX]), "no word in the blind index"
         store = self.store()
         op = await WRITES[name](store)

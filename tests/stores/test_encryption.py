@@ -288,6 +288,39 @@ async def test_reencrypt_encrypts_what_was_written_without_a_keyring(sql_vault: 
     assert SECRETS[5].encode() not in raw
 
 
+async def test_reencrypt_rewrites_events_sealed_value_by_value(sql_vault: Any) -> None:
+    # An event stored in format 1 (content and each delta value sealed apart) reads as it
+    # was written; reencrypt rewrites it as one sealed value, and finds nothing the next time.
+    from sqlalchemy import select, update
+
+    from durable_sessions.sealing import EVENT_PREFIX, row_aad
+    from durable_sessions.sql.schema import events
+
+    store = sql_vault.store
+    await _fill(store, "alice", SECRETS[4], "s1")
+    assert store._env is not None
+    key = await store._env.user_key(ORG, "alice")
+    [stored] = await store.list_events(ORG, "s1")
+    content = key.seal(stored.content, row_aad("content", ORG, "s1", stored.id))
+    delta = {"k": key.seal(f"d {SECRETS[4]}", row_aad("delta", ORG, "s1", stored.id, "k"))}
+    where = (events.c.org_id == ORG, events.c.session_id == "s1", events.c.seq == 1)
+    async with sql_vault.engine.begin() as conn:
+        await conn.execute(update(events).where(*where).values(content=content, state_delta=delta))
+    [read] = await store.list_events(ORG, "s1")
+    assert (read.content, read.state_delta) == (stored.content, stored.state_delta)
+    assert await store.reencrypt(new_keys=False) == 1
+    assert await store.reencrypt(new_keys=False) == 0
+    async with sql_vault.engine.connect() as conn:
+        row = (
+            await conn.execute(select(events.c.content, events.c.state_delta).where(*where))
+        ).one()
+    assert row.content.startswith(f"{EVENT_PREFIX}{key.key_id}:")
+    assert row.state_delta == {}
+    [again] = await store.list_events(ORG, "s1")
+    assert (again.content, again.state_delta) == (stored.content, stored.state_delta)
+    assert [h.session_id for h in await store.search(ORG, SECRETS[4])] == ["s1"]
+
+
 async def test_key_operations_need_a_keyring() -> None:
     for operation in (InMemoryStore().rotate_keys(), InMemoryStore().reencrypt()):
         with pytest.raises(InvalidArgumentError, match="needs a store with a keyring"):

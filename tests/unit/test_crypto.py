@@ -15,6 +15,7 @@ from durable_sessions import DecryptionError, Event, InvalidArgumentError, Store
 from durable_sessions.crypto import Keyring, LocalKeyring
 from durable_sessions.jsoncodec import from_json, to_json
 from durable_sessions.sealing import (
+    EVENT_PREFIX,
     INDEX,
     USER,
     DataKey,
@@ -196,6 +197,30 @@ def _stored(event: Event, **changes: object) -> Event:
     return Event("user", fields["content"], state_delta=fields["state_delta"], id=fields["id"])
 
 
+async def test_an_event_sealed_value_by_value_still_opens(tmp_path: Path) -> None:
+    # Events written sealed value by value (content and each delta value alone) open as
+    # before, beside events sealed whole, and each value still only in its own row.
+    env = Envelope(Sealer(LocalKeyring(tmp_path / "keys.json"), MemoryKeyTable()))
+    key = await env.user_key("org", "alice")
+    old = Event("user", None, state_delta={}, id="e1")
+    old.content = key.seal({"text": "old"}, row_aad("content", "org", "s1", "e1"))
+    old.state_delta = {"a": key.seal([1], row_aad("delta", "org", "s1", "e1", "a"))}
+    new = env.seal_event(key, "org", "s1", Event("user", {"text": "new"}, state_delta={"b": 2}))
+    plain = Event("user", {"text": "plain"}, state_delta={"c": 3})
+    opened = await env.open_events("org", "s1", [_stored(old), _stored(new), _stored(plain)])
+    assert [(e.content, e.state_delta) for e in opened] == [
+        ({"text": "old"}, {"a": [1]}), ({"text": "new"}, {"b": 2}), ({"text": "plain"}, {"c": 3}),
+    ]  # fmt: skip
+    moved = {"a": old.state_delta["a"]}
+    with pytest.raises(DecryptionError):  # a delta value moved to another event
+        await env.open_events(
+            "org", "s1", [_stored(new, content=old.content, id="e2", state_delta=moved)]
+        )
+    assert await env.open_event_values("org", "s1", "e1", old.content, old.state_delta) == (
+        {"text": "old"}, {"a": [1]},
+    )  # fmt: skip
+
+
 async def test_a_kept_event_opens_only_as_itself(tmp_path: Path) -> None:
     # A sealed event is kept whole (one lookup opens it): its content and its delta still
     # open only in their own row, unaltered, and each reader gets its own copy.
@@ -212,11 +237,12 @@ async def test_a_kept_event_opens_only_as_itself(tmp_path: Path) -> None:
     first[0].state_delta["b"]["x"].append(9)
     (again,) = await env.open_events("org", "s1", [_stored(sealed[0])])
     assert (again.content, again.state_delta) == (one.content, one.state_delta)
-    other_a = sealed[1].state_delta["a"]
-    with pytest.raises(DecryptionError):  # a delta value of another event
-        await env.open_events(
-            "org", "s1", [_stored(sealed[0], state_delta={**sealed[0].state_delta, "a": other_a})]
-        )
+    assert sealed[0].state_delta == {}  # the delta is sealed with the content, as one value
+    assert sealed[0].content.startswith(f"{EVENT_PREFIX}{key.key_id}:")
+    with pytest.raises(DecryptionError, match="altered"):  # a delta put beside it
+        await env.open_events("org", "s1", [_stored(sealed[0], state_delta={"a": 5})])
+    with pytest.raises(DecryptionError):  # another event's sealed value under this id
+        await env.open_events("org", "s1", [_stored(sealed[1], id=sealed[0].id)])
     with pytest.raises(DecryptionError):  # the content under another event's id
         await env.open_events("org", "s1", [_stored(sealed[0], id=sealed[1].id)])
     with pytest.raises(DecryptionError):  # in another session
@@ -280,15 +306,16 @@ async def test_a_kept_event_is_its_own_copy_written_or_read(
 
 
 async def test_an_event_with_a_delta_value_in_clear_opens_as_stored(tmp_path: Path) -> None:
-    # A delta value written without a keyring beside sealed content passes through, read
-    # cold or kept.
+    # In an event sealed value by value, a delta value written without a keyring beside
+    # sealed content passes through, each time it is read.
     env = Envelope(Sealer(LocalKeyring(tmp_path / "keys.json"), MemoryKeyTable()))
     key = await env.user_key("org", "alice")
-    sealed = env.seal_event(key, "org", "s1", Event("user", {"t": 1}, state_delta={"a": 1}))
-    mixed = _stored(sealed, state_delta={**sealed.state_delta, "clear": [1, 2]})
+    content = key.seal({"t": 1}, row_aad("content", "org", "s1", "e1"))
+    sealed = key.seal(1, row_aad("delta", "org", "s1", "e1", "a"))
+    mixed = Event("user", content, state_delta={"a": sealed, "clear": [1, 2]}, id="e1")
     env.sealer.opened.clear()
     for _ in range(2):
-        (read,) = await env.open_events("org", "s1", [_stored(mixed)])
+        (read,) = await env.open_events("org", "s1", [copy.deepcopy(mixed)])  # as read back
         assert (read.content, read.state_delta) == ({"t": 1}, {"a": 1, "clear": [1, 2]})
         read.state_delta["clear"].append(3)
 

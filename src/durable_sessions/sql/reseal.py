@@ -203,10 +203,10 @@ class Resealer:
         async def reseal(row: Any) -> dict[str, Any] | None:
             org, sid, eid = row.org_id, row.session_id, row.id
             key = await env.user_key(org, row.user_id)
-            content = await env.open_content(org, sid, eid, row.content)
-            delta = await env.open_delta(org, sid, eid, row.state_delta)
-            sealed = env.seal_content(key, org, sid, eid, content)
-            sealed_delta = env.seal_delta(key, org, sid, eid, delta)
+            content, delta = await env.open_event_values(
+                org, sid, eid, row.content, row.state_delta
+            )
+            sealed, sealed_delta = env.seal_event_values(key, org, sid, eid, content, delta)
             if sealed == row.content and sealed_delta == row.state_delta:
                 return None
             blind = (await env.sealer.index_key(org)).blind(content)

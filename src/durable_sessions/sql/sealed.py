@@ -11,6 +11,7 @@ between its statements.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -135,17 +136,18 @@ def _fork(
         rows = []
         words: list[dict[str, Any]] = []
         for event in (event_from_row(r) for r in found):
-            content = open_(keys, event.content, row_aad("content", org_id, parent_id, event.id))
-            delta = {
-                k: open_(keys, v, row_aad("delta", org_id, parent_id, event.id, k))
-                for k, v in event.state_delta.items()
-            }
+            content, delta = Envelope.open_stored_event(
+                functools.partial(open_, keys), org_id, parent_id, event.id,
+                event.content, event.state_delta,
+            )  # fmt: skip
+            stored, stored_delta = Envelope.seal_event_values(
+                current, org_id, child_id, event.id, content, delta
+            )
             rows.append(
                 {
                     "k_org": org_id, "session_id": child_id, "seq": event.seq, "id": event.id,
                     "author": event.author, "invocation_id": event.invocation_id,
-                    "content": Envelope.seal_content(current, org_id, child_id, event.id, content),
-                    "state_delta": Envelope.seal_delta(current, org_id, child_id, event.id, delta),
+                    "content": stored, "state_delta": stored_delta,
                     "tokens": event.tokens, "timestamp": event.timestamp,
                 }
             )  # fmt: skip

@@ -19,11 +19,13 @@ from sqlalchemy import bindparam, select, update
 from ..errors import DecryptionError
 from ..memories import memory_terms, owner_token
 from ..sealing import (
+    EVENT_PREFIX,
     INDEX,
     INDEX_KEY_ID,
     DataKey,
     Envelope,
     KeyRecord,
+    event_pair,
     is_sealed,
     key_id_of,
     row_aad,
@@ -55,8 +57,9 @@ async def open_record(env: Envelope, kind: str, data: dict[str, Any]) -> dict[st
         data["state"] = await env.open_private(org, data["id"], data["state"])
     elif kind == "event":
         sid, eid = data["session_id"], data["id"]
-        data["content"] = await env.open_content(org, sid, eid, data["content"])
-        data["state_delta"] = await env.open_delta(org, sid, eid, data["state_delta"])
+        data["content"], data["state_delta"] = await env.open_event_values(
+            org, sid, eid, data["content"], data["state_delta"]
+        )
     elif kind == "user_state":
         items = [(data["key"], data["value"])]
         opened = await env.open_user(org, data["app_name"], data["user_id"], items)
@@ -225,9 +228,12 @@ class BlindIndexer:
         org, sid = row["org_id"], row["session_id"]
         if not is_sealed(row["content"]):
             return
-        content = await self._open(
-            line, org, row["content"], row_aad("content", org, sid, row["id"])
-        )
+        content = row["content"]
+        if content.startswith(EVENT_PREFIX):  # sealed whole: [content, state_delta]
+            pair = await self._open(line, org, content, row_aad("event", org, sid, row["id"]))
+            content = pair if pair is _UNREADABLE else event_pair(pair)[0]
+        else:
+            content = await self._open(line, org, content, row_aad("content", org, sid, row["id"]))
         # An unreadable event is indexed under no word (its sealed text is no words).
         terms = "" if content is _UNREADABLE else (await self._index_key(org)).blind(content)
         if self.index.in_words:

@@ -451,8 +451,13 @@ class DataKey:
             value = opened.get(self, token, aad)
             if value is not _MISS:
                 return value
+        return self.open_new(token, aad)
+
+    def open_new(self, token: str, aad: bytes) -> Any:
+        """``open`` for a value not kept: decrypted, and kept."""
         text = self.open_text(token, aad)
         value = from_json(text)
+        opened = self._opened
         if opened is not None:
             opened.keep(self, token, aad, text, value)
         return value
@@ -705,7 +710,13 @@ class Sealer:
             kept = self.opened.find(value, aad)
             if kept is not _MISS:
                 return kept
-        return self.open_now(org_id, value, aad)
+        return self.open_missed(org_id, value, aad)
+
+    def open_missed(self, org_id: str, value: Any, aad: bytes) -> Any:
+        """``open_now`` for a value found not kept (``OpenedValues.find``)."""
+        if not (type(value) is str and value.startswith(_PREFIXES)):
+            return value
+        return self.unwrapped(org_id, key_id_of(value)).open_new(value, aad)
 
     def open_now(self, org_id: str, value: Any, aad: bytes) -> Any:
         """Decrypt a stored value with a data key this process has unwrapped already
@@ -1079,7 +1090,7 @@ class Envelope:
     def _state_now(
         self, org_id: str, session_id: str, app_name: str, user_id: str, state: dict[str, Any]
     ) -> dict[str, Any]:
-        open_ = self.sealer.opened.opener(functools.partial(self.sealer.open_now, org_id))
+        open_ = self.sealer.opened.opener(functools.partial(self.sealer.open_missed, org_id))
         # row_aad's parts: each scope's head, then the key (without its prefix).
         org = _aad_part(org_id)
         user = _USER_AAD + org + _aad_part(app_name) + _aad_part(user_id)

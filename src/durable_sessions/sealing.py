@@ -82,7 +82,8 @@ __all__ = [
 PREFIX = "dse1:"
 """What every sealed value but an event starts with (format 1)."""
 EVENT_PREFIX = "dse2:"
-"""What a sealed event starts with: its content and state delta, sealed as one value."""
+"""What a sealed event starts with (format 2): its content and state delta, sealed as one
+value. Events in format 1 have their content and each delta value sealed apart."""
 _PREFIXES = (PREFIX, EVENT_PREFIX)
 USER = "user"
 """The kind of data key of a user's sessions, private state, events and ``user:`` state."""
@@ -818,9 +819,9 @@ class Envelope:
       ``("app", org, app, key)``;
     - title: ``("title", org, session)``;
     - event (its content and state delta, sealed as one value):
-      ``("event", org, session, event id)``; as earlier versions wrote events, a content
-      alone: ``("content", org, session, event id)``, and each value of its state delta:
-      ``("delta", org, session, event id, key)`` (read still, written no more).
+      ``("event", org, session, event id)``; an event in format 1 (read, not written), its
+      content alone: ``("content", org, session, event id)``, and each value of its state
+      delta: ``("delta", org, session, event id, key)``.
     """
 
     def __init__(self, sealer: Sealer) -> None:
@@ -956,8 +957,8 @@ class Envelope:
         delta: dict[str, Any],
     ) -> tuple[Any, dict[str, Any]]:
         """An event's content and state delta opened from their stored values with
-        ``open_(value, associated data)``: a sealed event, or (as written by earlier
-        versions) a content and delta values sealed each alone, or plaintext."""
+        ``open_(value, associated data)``: a sealed event, an event in format 1 (its content
+        and each delta value sealed alone), or plaintext."""
         if type(content) is str and content.startswith(EVENT_PREFIX):
             return event_pair(open_(content, row_aad("event", org_id, session_id, event_id)))
         head = row_aad("delta", org_id, session_id, event_id)

@@ -740,22 +740,34 @@ class InMemoryStore:
     async def delete_user(self, org_id: str, user_id: str, *, dry_run: bool = False) -> int:
         """Erase a user's sessions, events and user state in one organisation."""
         check_delete_user(org_id, user_id)
-        doomed = [
+        if dry_run:
+            return len(self._user_sessions(org_id, user_id))
+        deleted = self._delete_user_rows(org_id, user_id)
+        if self._env is not None:  # crypto-shredding: any copy of the values is now noise
+            from .sealing import USER
+
+            await self._env.sealer.forget(org_id, USER, user_id)
+            # Rows written for the user meanwhile were sealed with the keys just destroyed:
+            # they go too, rather than stay unreadable.
+            deleted += self._delete_user_rows(org_id, user_id)
+        return deleted
+
+    def _user_sessions(self, org_id: str, user_id: str) -> builtins.list[tuple[str, str]]:
+        """The keys of a user's sessions in one organisation."""
+        return [
             key
             for key, r in self._sessions.items()
             if key[0] == org_id and r.meta.user_id == user_id
         ]
-        if dry_run:
-            return len(doomed)
+
+    def _delete_user_rows(self, org_id: str, user_id: str) -> int:
+        """Delete a user's sessions, user state and memories; return how many sessions."""
+        doomed = self._user_sessions(org_id, user_id)
         for key in doomed:
             del self._sessions[key]
         for user_key in [k for k in self._user if k[0] == org_id and k[2] == user_id]:
             del self._user[user_key]
         self._memories.delete_user(org_id, user_id)
-        if self._env is not None:  # crypto-shredding: any copy of the values is now noise
-            from .sealing import USER
-
-            await self._env.sealer.forget(org_id, USER, user_id)
         return len(doomed)
 
     async def count_user_memories(self, org_id: str, user_id: str) -> int:

@@ -16,6 +16,7 @@ from durable_sessions import (
     InvalidArgumentError,
     Memory,
     Session,
+    SessionNotFoundError,
     SQLStore,
     Store,
     sealing,
@@ -155,6 +156,35 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return Clock(monkeypatch)
+
+
+async def test_what_is_written_for_a_user_while_their_keys_are_destroyed_is_erased_too(
+    vault: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A session or memory written for the user after delete_user deleted their rows, but
+    # before it destroyed their keys, is sealed with those keys: it is erased as well, not
+    # left behind unreadable.
+    store = vault.store
+    await _fill(store, "alice", SECRETS[0], "s1")
+    await _fill(store, "bob", SECRETS[1], "s2")
+    sealer = store._env.sealer
+    destroy = sealer.forget
+
+    async def written_meanwhile(org_id: str, kind: str, owner: str) -> None:
+        await _fill(store, "alice", SECRETS[2], "late")
+        await store.add_memories(ORG, "app", "alice", [Memory(f"likes {SECRETS[2]}")])
+        await destroy(org_id, kind, owner)
+
+    monkeypatch.setattr(sealer, "forget", written_meanwhile)
+    assert await store.delete_user(ORG, "alice") == 2
+    for sid in ("s1", "late"):
+        with pytest.raises(SessionNotFoundError):
+            await store.get(ORG, sid)
+    assert await store.count_user_memories(ORG, "alice") == 0
+    assert (await store.get(ORG, "s2")).state["private"] == f"p {SECRETS[1]}"
+    monkeypatch.undo()
+    await _fill(store, "alice", SECRETS[3], "s3")  # alice may come back, under a new key
+    assert (await store.get(ORG, "s3")).title == f"title {SECRETS[3]}"
 
 
 async def test_a_user_erased_by_another_process_is_written_under_new_keys(

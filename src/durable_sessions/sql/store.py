@@ -1055,16 +1055,25 @@ class SQLStore:
         if dry_run:
             return await self._count_doomed("delete_user", params)
         await self._ready("delete_user")
-        deleted = await self._delete_all("delete_user", params, self._q.drop_user_state)
-        program = forget_user_program(self._memory_q, params)
-        forgotten = await self._runner.run(program, "write", "delete_user")
+        deleted, forgotten = await self._delete_user_rows(params)
         if self._env is not None:  # crypto-shredding: every copy of the rows is noise now
             from ..sealing import USER
 
             await self._env.sealer.forget(org_id, USER, user_id)
             self._owners.clear()
+            # Rows written for the user meanwhile were sealed with the keys just destroyed:
+            # they go too, rather than stay unreadable.
+            late, late_memories = await self._delete_user_rows(params)
+            deleted, forgotten = deleted + late, forgotten + late_memories
         await self._erase_traces("delete_user", org_id, deleted, forgotten)
         return deleted
+
+    async def _delete_user_rows(self, params: dict[str, Any]) -> tuple[int, int]:
+        """Delete a user's sessions (with their events), user state and memories; return
+        how many sessions and memories."""
+        deleted = await self._delete_all("delete_user", params, self._q.drop_user_state)
+        program = forget_user_program(self._memory_q, params)
+        return deleted, await self._runner.run(program, "write", "delete_user")
 
     async def count_user_memories(self, org_id: str, user_id: str) -> int:
         """Return how many long-term memories the user has in the organisation, over every

@@ -239,6 +239,39 @@ async def test_a_user_erased_by_another_process_is_written_under_new_keys(
     assert memory.text == f"likes {SECRETS[3]}"
 
 
+async def test_a_write_to_an_id_made_again_for_another_user_seals_with_that_users_key(
+    vault: Any, tmp_path: Path
+) -> None:
+    """A process that wrote to a session of alice's writes, without an incarnation, to that
+    id after another process deleted it and made it again for bob: what it writes is sealed
+    with bob's key, so erasing alice later leaves bob's session whole."""
+    await _fill(vault.store, "alice", SECRETS[0], "s1")
+    for sid in ("s2", "s3", "s4"):
+        await vault.store.create(Session(id=sid, org_id=ORG, user_id="alice", app_name="app"))
+    writer = await vault.another(LocalKeyring(tmp_path / "keys.json"))
+    for sid in ("s1", "s2", "s3", "s4"):
+        await writer.append_event(ORG, sid, Event("user", {"text": "first"}))  # alice's key
+    other = await vault.another(LocalKeyring(tmp_path / "keys.json"))
+    for sid in ("s1", "s2", "s3", "s4"):
+        await other.delete(ORG, sid)
+        await other.create(Session(id=sid, org_id=ORG, user_id="bob", app_name="app"))
+    await writer.append_event(ORG, "s1", Event("user", {"text": f"bob {SECRETS[1]}"}))
+    batch = [Event("user", {"text": f"bob {SECRETS[2]}"}, state_delta={"b": SECRETS[2]})]
+    await writer.append_events(ORG, "s2", batch, title=f"t {SECRETS[2]}")
+    await writer.touch(ORG, "s3", messages=1, title=f"t {SECRETS[3]}")
+    saved = await writer.get(ORG, "s4")
+    saved.set("note", SECRETS[4])
+    await writer.update(saved)
+    assert await other.delete_user(ORG, "alice") == 0
+    fresh = await vault.another(LocalKeyring(tmp_path / "keys.json"))
+    assert (await fresh.list_events(ORG, "s1"))[0].content == {"text": f"bob {SECRETS[1]}"}
+    two = await fresh.get_with_events(ORG, "s2")
+    assert (two.title, two.state["b"]) == (f"t {SECRETS[2]}", SECRETS[2])
+    assert two.events[0].content == {"text": f"bob {SECRETS[2]}"}
+    assert (await fresh.get(ORG, "s3")).title == f"t {SECRETS[3]}"
+    assert (await fresh.get(ORG, "s4")).state["note"] == SECRETS[4]
+
+
 async def test_an_erasure_by_another_process_reaches_what_this_one_keeps(
     vault: Any, tmp_path: Path, clock: Clock
 ) -> None:

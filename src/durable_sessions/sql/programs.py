@@ -38,6 +38,7 @@ from .statements import Retention, Statements
 __all__ = [
     "Job",
     "KeyDestroyed",
+    "OwnerChanged",
     "Programs",
     "event_from_array",
     "event_from_row",
@@ -212,6 +213,24 @@ class KeyDestroyed(DecryptionError):
         self.key_id = key_id
 
 
+def check_owner(params: dict[str, Any], row: Any) -> None:
+    """Raise ``OwnerChanged`` when an encrypted store's write sealed (``k_key``) for
+    another user or app than the session row's."""
+    if params.get("k_key") is not None and (row.user_id, row.app_name) != (
+        params["k_sealed_user"], params["k_sealed_app"],
+    ):  # fmt: skip
+        raise OwnerChanged(params["k_org"], params["k_id"])
+
+
+class OwnerChanged(StaleSessionError):
+    """An encrypted store's write sealed for the user and app it knew as the session's
+    owners, and found the id made again for others since: it wrote nothing, and the store
+    learns the owner again and seals anew (a guarded write is stale, ``RECREATED``)."""
+
+    def __init__(self, org_id: str, session_id: str) -> None:
+        super().__init__(org_id, session_id, 0, RECREATED)
+
+
 def _first_count(row: Any) -> int:
     return int(row.n)
 
@@ -345,6 +364,7 @@ class Programs:
             raise StaleSessionError(org_id, session_id, expected)
         counters = (found.message_count, found.token_total, found.version)
         check_counters(org_id, session_id, counters, *_increments(params))
+        check_owner(params, found)
         yield from self.check_key(params)
 
     def check_key(self, params: dict[str, Any]) -> Program[None]:

@@ -76,6 +76,7 @@ from .memories import (
 from .programs import (
     Job,
     KeyDestroyed,
+    OwnerChanged,
     Programs,
     event_from_row,
     session_from_row,
@@ -158,6 +159,17 @@ def _events_read(
     after = check_events_read(org_id, session_id, limit, after)
     params = {"k_org": org_id, "k_id": session_id, "k_after": after, "k_limit": limit}
     return (after is not None, limit is not None), params
+
+
+_SEALED_NOTHING = {"k_key": None, "k_sealed_user": None, "k_sealed_app": None}
+"""The parameters of an encrypted store's write of a session row that seals nothing."""
+
+
+def _sealed_for(key: DataKey, user_id: str, app_name: str) -> dict[str, Any]:
+    """The parameters of an encrypted store's write of a session row that seals with the
+    user's data key ``key``, for the session of ``user_id`` and ``app_name``
+    (``Statements.key_held``)."""
+    return {"k_key": key.key_id, "k_sealed_user": user_id, "k_sealed_app": app_name}
 
 
 class SQLStore:
@@ -437,9 +449,9 @@ class SQLStore:
 
         Known from this process's reads and writes of the session; read otherwise, and
         whenever the caller names another incarnation. An unguarded write (no incarnation)
-        to an id deleted and created again for another user since this process saw it is
-        sealed with the former user's key: pass the incarnation (``Manager`` does) to rule
-        that out.
+        to an id deleted and made again for another owner since this process saw it finds
+        the row changed hands in its own statement, and is sealed again for the owner read
+        anew (``_sealed_write``).
         """
         known = self._owners.get((org_id, session_id))
         if known is not None and incarnation in (None, known[0]):
@@ -479,7 +491,10 @@ class SQLStore:
         that the key is still in the key table, and writes nothing when it is not
         (``KeyDestroyed``: the user came back after the erasure, and the session is new or
         was made since); this process then forgets the key and the write seals again with
-        the user's current key.
+        the user's current key. Each also checks that the session row is still the user's
+        and app's it sealed for (``k_sealed_user``, ``k_sealed_app``): an unguarded write to
+        an id deleted and made again for another owner since this process learnt its owner
+        writes nothing (``OwnerChanged``), and seals again for the owner read anew.
         """
         env = self._env
         assert env is not None
@@ -488,6 +503,8 @@ class SQLStore:
                 return await write()
             except KeyDestroyed as gone:
                 env.sealer.destroyed(org_id, gone.key_id)
+            except OwnerChanged as moved:
+                self._owners.pop((moved.org_id, moved.session_id), None)
         return await write()
 
     async def _expected(self, session: Session, delta: ScopedDelta) -> ScopedDelta:
@@ -708,7 +725,7 @@ class SQLStore:
                     stored = await self._expected(session, stored)
                 private = cast("dict[str, Any]", params["v_state"])
                 sealed = {
-                    **params, "k_key": keys[0].key_id,
+                    **params, **_sealed_for(keys[0], session.user_id, app_name),
                     "v_title": env.seal_title(keys[0], org, sid, session.title),
                     "v_state": env.seal_private(keys[0], org, sid, private),
                 }  # fmt: skip
@@ -855,7 +872,7 @@ class SQLStore:
         user_id, app_name, user, app = await self._session_keys(
             org_id, session_id, incarnation, bool(delta.app_set)
         )
-        params["k_key"] = user.key_id
+        params.update(_sealed_for(user, user_id, app_name))
         index = await env.sealer.index_key(org_id)
         sealed: builtins.list[Event] = [
             env.seal_event(user, org_id, session_id, e, index.blind(e.content)) for e in events
@@ -909,15 +926,19 @@ class SQLStore:
         await self._ready("touch")
         env = self._env
         if env is not None:
-            params["k_key"] = None  # sealed nothing (without a title)
+            params.update(_SEALED_NOTHING)  # without a title
         if env is None or not title:
             found = await self._runner.run(self._programs.touch(params), "atomic", "touch")
         else:
 
             async def write() -> Session:
-                _, _, key, _ = await self._session_keys(org_id, session_id, incarnation, False)
+                user_id, app_name, key, _ = await self._session_keys(
+                    org_id, session_id, incarnation, False
+                )
                 sealed_title = env.seal_title(key, org_id, session_id, title)
-                sealed = {**params, "k_key": key.key_id, "v_title": sealed_title}
+                sealed = {
+                    **params, **_sealed_for(key, user_id, app_name), "v_title": sealed_title,
+                }  # fmt: skip
                 return await self._runner.run(self._programs.touch(sealed), "atomic", "touch")
 
             found = await self._sealed_write(org_id, write)

@@ -57,6 +57,7 @@ from ...programs import (
     KeyDestroyed,
     Programs,
     _increments,
+    check_owner,
     session_from_row,
     shared_items,
     unwritten,
@@ -355,6 +356,7 @@ class MySQLPrograms(Programs):
             raise StaleSessionError(org_id, session_id, expected)
         counters = (row.message_count, row.token_total, row.version)
         check_counters(org_id, session_id, counters, *_increments(params))
+        check_owner(params, row)
         if self.q.sealed and not row.key_held:
             raise KeyDestroyed(org_id, params["k_key"])
         return row

@@ -91,12 +91,16 @@ KEY_HELD = or_(
     SEALED_WITH.is_(None),
     exists().where(keys.c.org_id == bindparam("k_org"), keys.c.key_id == SEALED_WITH),
 )
-# ... and the session row is still the user's and app's whose keys it sealed with: the id may
-# have been deleted and made again for another owner since this process learnt its owner.
+# An encrypted store's write of a session row, in one test: the user's data key it sealed with
+# is still in the key table (``KEY_HELD``), and it is the key of the row's user, while the row
+# is the app's it sealed for. The id may have been deleted and made again for another owner
+# since this process learnt its owner.
 SEALED_FOR = or_(
     SEALED_WITH.is_(None),
-    and_(
-        S.c.user_id == bindparam("k_sealed_user", type_=Text),
+    exists().where(
+        keys.c.org_id == bindparam("k_org"),
+        keys.c.key_id == SEALED_WITH,
+        keys.c.owner == S.c.user_id,
         S.c.app_name == bindparam("k_sealed_app", type_=Text),
     ),
 )
@@ -510,9 +514,9 @@ class Statements:
     def key_held(self) -> list[Any]:
         """What a write that seals with a user's data key adds to its guard of the session
         row: on an encrypted store, that the key ``k_key`` is still in the key table, and
-        that the row is the user's and app's it sealed for (``k_sealed_user``,
-        ``k_sealed_app``)."""
-        return [KEY_HELD, SEALED_FOR] if self.sealed else []
+        that the row is the user's (the key's owner) and app's (``k_sealed_app``) it sealed
+        for."""
+        return [SEALED_FOR] if self.sealed else []
 
     def new_session_row(self, insert: Any, fields: dict[str, Any]) -> Any:
         """``insert`` of a session row of ``fields``; on an encrypted store, made only while

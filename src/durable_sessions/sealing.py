@@ -871,10 +871,8 @@ class Envelope:
     ) -> tuple[Any, dict[str, Any]]:
         """An event's content and state delta as stored: sealed as one value (the stored
         content; the stored delta is empty), or None and ``{}`` for an event with neither."""
-        if content is None and not delta:
-            return None, {}
-        aad = row_aad("event", org_id, session_id, event_id)
-        return key.seal_text(to_json([content, delta]), aad, event=True), {}
+        sealed = _sealed_pair(key, org_id, session_id, event_id, content, delta)
+        return None if sealed is None else sealed[0], {}
 
     # -- opening ---------------------------------------------------------------------------
     # Each opens with the data keys unwrapped already (``Sealer.open_now``), fetching a
@@ -1007,10 +1005,9 @@ class Envelope:
         (``seal_event_values``), kept as well, and its blind index text
         (``Sealer.blind_text``)."""
         content: str | None = None
-        if event.content is not None or event.state_delta:
-            text = to_json([event.content, event.state_delta])
-            aad = _EVENT_AAD + _aad_part(org_id) + _aad_part(session_id) + _aad_part(event.id)
-            content = key.seal_text(text, aad, event=True)
+        sealed = _sealed_pair(key, org_id, session_id, event.id, event.content, event.state_delta)
+        if sealed is not None:
+            content, text = sealed
             opened = key.opened
             if opened is not None and len(content) <= opened.KEEP_VALUE_CHARS:
                 opened.keep_events(org_id, session_id, {content: (event.id, text)}, len(content))
@@ -1219,6 +1216,18 @@ class Envelope:
         """Return events opened (``open_event``), in order: each plain ``Event`` the caller
         owns (read from the database, or a copy) is opened in place."""
         return await self.sealer.opening(org_id, self._events_now, org_id, session_id, events)
+
+
+def _sealed_pair(
+    key: DataKey, org_id: str, session_id: str, event_id: str, content: Any, delta: Any
+) -> tuple[str, str] | None:
+    """An event's content and state delta sealed as one value, with the JSON text sealed;
+    None for an event with neither."""
+    if content is None and not delta:
+        return None
+    text = to_json([content, delta])
+    aad = _EVENT_AAD + _aad_part(org_id) + _aad_part(session_id) + _aad_part(event_id)
+    return key.seal_text(text, aad, event=True), text
 
 
 def event_pair(opened: Any) -> tuple[Any, dict[str, Any]]:

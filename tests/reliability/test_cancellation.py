@@ -28,6 +28,7 @@ import itertools
 import logging
 import os
 import random
+import re
 import sqlite3
 import time
 import types
@@ -230,6 +231,21 @@ async def observe(
     return out
 
 
+def innodb_active_threads(status: str) -> set[int]:
+    """The connection (thread) ids of the transactions ``SHOW ENGINE INNODB STATUS`` lists
+    as active: a block per transaction, ``---TRANSACTION <id>, ACTIVE <n> sec`` (or ``not
+    started``), naming its ``MariaDB thread id`` (``MySQL thread id`` on MySQL)."""
+    found = set()
+    for block in status.split("---TRANSACTION ")[1:]:
+        head, _, rest = block.partition("\n")
+        if ", ACTIVE" not in head:
+            continue
+        thread = re.search(r"(?:MariaDB|MySQL) thread id (\d+)", rest)
+        assert thread is not None, f"an active transaction names no thread: {block[:300]!r}"
+        found.add(int(thread.group(1)))
+    return found
+
+
 class Checker:
     """The checks after each attempt, on one backend."""
 
@@ -239,8 +255,9 @@ class Checker:
         self.independent = independent
         self.admin = admin
 
-    async def nothing_left_open(self) -> None:
-        """No connection of the database is left inside a transaction."""
+    async def nothing_left_open(self, settle: float = MYSQL_SETTLE) -> None:
+        """No connection of the database is left inside a transaction (on MySQL, after
+        ``settle`` seconds)."""
         if self.backend == "postgres":
             stuck = await self.admin.fetch(
                 "SELECT pid, state, query FROM pg_stat_activity WHERE datname = $1 "
@@ -254,11 +271,11 @@ class Checker:
             # ends its transaction once its thread reads the closed socket: a moment later,
             # or seconds on a machine whose cores are all busy. A connection still idle
             # inside a transaction after MYSQL_SETTLE is one left open.
-            deadline = time.monotonic() + MYSQL_SETTLE
+            deadline = time.monotonic() + settle
             while stuck := await self._mysql_idle_in_transaction():
                 if time.monotonic() > deadline:
                     raise AssertionError(
-                        f"connections left inside a transaction after {MYSQL_SETTLE} s: {stuck}"
+                        f"connections left inside a transaction after {settle} s: {stuck}"
                     )
                 await asyncio.sleep(0.01)
             return
@@ -270,17 +287,27 @@ class Checker:
         finally:
             db.close()
 
-    async def _mysql_idle_in_transaction(self) -> Any:
+    async def _mysql_idle_in_transaction(self) -> list[int]:
+        """The ids of the database's connections idle (between statements) inside a
+        transaction, as Postgres's "idle in transaction".
+
+        Read from ``SHOW ENGINE INNODB STATUS``, which lists the transactions as they are:
+        ``information_schema.INNODB_TRX`` is a cache that InnoDB refreshes only when it has
+        not been read for 100 ms, so polled more often (here, and by a second test worker
+        on the same server) it keeps showing a transaction long after it ended.
+        """
         async with self.admin.cursor() as cursor:
             await cursor.execute(
-                # Idle (between statements) inside a transaction, as Postgres's "idle in
-                # transaction".
-                "SELECT p.ID, t.trx_state, t.trx_started FROM information_schema.INNODB_TRX t "
-                "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
-                "WHERE p.DB = %s AND p.COMMAND = 'Sleep' AND p.ID <> CONNECTION_ID()",
+                "SELECT ID FROM information_schema.PROCESSLIST "
+                "WHERE DB = %s AND COMMAND = 'Sleep' AND ID <> CONNECTION_ID()",
                 (make_url(self.url).database,),
             )
-            return await cursor.fetchall()
+            sleeping = {int(row[0]) for row in await cursor.fetchall()}
+            if not sleeping:
+                return []
+            await cursor.execute("SHOW ENGINE INNODB STATUS")
+            status = (await cursor.fetchone())[2]
+        return sorted(sleeping & innodb_active_threads(status))
 
     async def pool_commits(self, store: SQLStore, probe: str) -> None:
         """The store's pooled connection commits the next write, seen by another connection."""
@@ -726,6 +753,29 @@ async def sweeper(
         await store_engine.dispose()
         await independent.dispose()
         await helper.dispose()
+
+
+async def test_the_check_finds_a_transaction_left_open_and_not_once_it_has_ended(
+    backend: str, backend_url: str, engine: AsyncEngine
+) -> None:
+    """The check every attempt ends with finds a connection idle inside a transaction, and
+    finds none the moment that transaction has ended (it reads no cached view of the
+    server's transactions)."""
+    independent = create_async_engine(backend_url, poolclass=NullPool)
+    try:
+        async with admin_connection(backend, backend_url) as admin:
+            checker = Checker(backend, backend_url, independent, admin)
+            await checker.nothing_left_open(settle=0)
+            async with independent.connect() as conn:
+                await conn.begin()
+                await conn.execute(update(sessions).values(title="left open"))
+                # SQLite's check cannot take the write lock the open transaction holds.
+                with pytest.raises((AssertionError, sqlite3.OperationalError)):
+                    await checker.nothing_left_open(settle=0)
+                await conn.commit()
+            await checker.nothing_left_open(settle=0)
+    finally:
+        await independent.dispose()
 
 
 # -- (a) every cancellation point of every write ------------------------------------------------

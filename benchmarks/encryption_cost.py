@@ -14,8 +14,8 @@ same moments of a busy machine; each call is timed on its own:
 - ``append``: ``append_event`` with a state delta (with a keyring, its statement also
   checks that the user's data key is still in the key table);
 - ``create``: a new session with a private, a ``user:`` and an ``app:`` value (with a
-  keyring, the user's key looked up in the key table first: another process may have erased
-  the user);
+  keyring, its insert also checks that the user's data key is still in the key table:
+  another process may have erased the user);
 - ``save``: ``update`` of one private and one ``user:`` key;
 - ``search``: a two-word search over the organisation's events.
 

@@ -507,8 +507,9 @@ class SQLStore:
                 self._owners.pop((moved.org_id, moved.session_id), None)
         return await write()
 
-    async def _expected(self, session: Session, delta: ScopedDelta) -> ScopedDelta:
-        """A save's expected values of the shared keys it deletes, as stored.
+    async def _expected(self, org: str, app: str, user: str, delta: ScopedDelta) -> ScopedDelta:
+        """A save's expected values of the shared keys it deletes (of the session's owner,
+        ``user`` and ``app``), as stored.
 
         The statements compare a stored value with the expected one as stored text: each
         stored value equal (opened) to what the copy read is expected as it is stored; one
@@ -516,7 +517,6 @@ class SQLStore:
         """
         env = self._env
         assert env is not None
-        org, app, user = session.org_id, session.app_name, session.user_id
         key = {"k_org": org, "k_app": app, "k_user": user}
         for scope, expected in (("user", delta.user_expected), ("app", delta.app_expected)):
             if not expected:
@@ -716,18 +716,22 @@ class SQLStore:
         if env is None:
             session.version = await self._run(self._programs.update(params, delta), "update")
         else:
-            org, sid, app_name = session.org_id, session.id, session.app_name
+            org, sid = session.org_id, session.id
 
             async def write() -> int:
-                keys = await self._keys(org, session.user_id, app_name, bool(delta.app_set))
-                stored = env.seal_changes(*keys, org, sid, app_name, session.user_id, delta)
+                # Sealed for the stored owner, not the copy's: a copy whose user_id or
+                # app_name was edited writes where the session belongs, as without a keyring.
+                user_id, app_name, user, app = await self._session_keys(
+                    org, sid, session.incarnation, bool(delta.app_set)
+                )
+                stored = env.seal_changes(user, app, org, sid, app_name, user_id, delta)
                 if stored.user_expected or stored.app_expected:
-                    stored = await self._expected(session, stored)
+                    stored = await self._expected(org, app_name, user_id, stored)
                 private = cast("dict[str, Any]", params["v_state"])
                 sealed = {
-                    **params, **_sealed_for(keys[0], session.user_id, app_name),
-                    "v_title": env.seal_title(keys[0], org, sid, session.title),
-                    "v_state": env.seal_private(keys[0], org, sid, private),
+                    **params, **_sealed_for(user, user_id, app_name),
+                    "v_title": env.seal_title(user, org, sid, session.title),
+                    "v_state": env.seal_private(user, org, sid, private),
                 }  # fmt: skip
                 return await self._run(self._programs.update(sealed, stored), "update")
 

@@ -138,6 +138,27 @@ class StateContract(ContractBase):
         assert (got.state, got.version) == ({"b": 2}, 4)
         assert session.version == 4
 
+    async def test_a_copy_naming_another_owner_saves_where_its_session_belongs(
+        self, manager: Manager, store: Store
+    ) -> None:
+        session = await manager.create(
+            ORG, USER, state={"p": 1, "user:u": 1, "user:gone": 1, "app:a": 1}
+        )
+        copy = await manager.get(ORG, session.id)
+        copy.user_id, copy.app_name = OTHER_USER, OTHER_APP  # edited: not what is stored
+        copy.set("p", 2)
+        copy.set("user:u", 2)
+        copy.set("app:a", 2)
+        copy.delete("user:gone")
+        copy.title = "Renamed"
+        await manager.save(copy)
+
+        got = await manager.get(ORG, session.id)
+        assert (got.user_id, got.app_name) == (USER, session.app_name)
+        assert (got.state, got.title) == ({"p": 2, "user:u": 2, "app:a": 2}, "Renamed")
+        assert await shared_state_of(manager, ORG, OTHER_USER) == {"app:a": 2}
+        assert await shared_state_of(Manager(store, app_name=OTHER_APP), ORG, OTHER_USER) == {}
+
     async def test_save_writes_the_title(self, manager: Manager) -> None:
         session = await manager.create(ORG, USER)
         session.title = "Renamed"

@@ -159,6 +159,25 @@ class StateContract(ContractBase):
         assert await shared_state_of(manager, ORG, OTHER_USER) == {"app:a": 2}
         assert await shared_state_of(Manager(store, app_name=OTHER_APP), ORG, OTHER_USER) == {}
 
+    async def test_a_copy_read_before_its_id_was_made_again_saves_nothing(
+        self, manager: Manager, store: Store
+    ) -> None:
+        first = await manager.create(ORG, USER, state={"p": 1, "user:u": 1})
+        copy = await manager.get(ORG, first.id)
+        await store.delete(ORG, first.id)
+        again = await manager.create(ORG, OTHER_USER, id=first.id, state={"p": "new"})
+        copy.set("p", 2)
+        copy.set("user:u", 2)
+        copy.title = "Renamed"
+        with pytest.raises(StaleSessionError):
+            await manager.save(copy)
+
+        got = await manager.get(ORG, first.id)
+        assert (got.user_id, got.state, got.title) == (OTHER_USER, {"p": "new"}, "")
+        assert got.version == again.version
+        assert await shared_state_of(manager, ORG, USER) == {"user:u": 1}
+        assert await shared_state_of(manager, ORG, OTHER_USER) == {}
+
     async def test_save_writes_the_title(self, manager: Manager) -> None:
         session = await manager.create(ORG, USER)
         session.title = "Renamed"

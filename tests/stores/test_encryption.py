@@ -351,6 +351,28 @@ async def test_reencrypt_encrypts_what_was_written_without_a_keyring(sql_vault: 
     assert SECRETS[5].encode() not in raw
 
 
+async def test_reencrypt_names_the_row_of_a_value_it_cannot_open(sql_vault: Any) -> None:
+    # Written without a keyring, a string that begins like a sealed value cannot be told
+    # from one (the guide says so): reencrypt stops at it and names its row, so that it can
+    # be found and corrected; then it runs to its end.
+    plain = SQLStore(sql_vault.engine)
+    await _fill(plain, "alice", SECRETS[3], "s1")
+    await plain.create(
+        Session(id="s2", org_id=ORG, user_id="mallory", app_name="app", state={"p": "dse1:k:A"})
+    )
+    store = sql_vault.store
+    with pytest.raises(DecryptionError, match=r"the sessions row \('org', 's2'\)"):
+        await store.reencrypt(new_keys=False)
+
+    found = await plain.get(ORG, "s2")
+    found.set("p", "corrected")
+    await plain.update(found)
+    await store.reencrypt(new_keys=False)
+    assert (await store.get(ORG, "s2")).state["p"] == "corrected"
+    assert SECRETS[3].encode() not in await sql_vault.raw()
+    await plain.close()
+
+
 async def test_reencrypt_rewrites_events_sealed_value_by_value(sql_vault: Any) -> None:
     # An event stored in format 1 (content and each delta value sealed apart) reads as it
     # was written; reencrypt rewrites it as one sealed value, and finds nothing the next time.

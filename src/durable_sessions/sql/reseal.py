@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, or_, select, tuple_, update
 
+from ..errors import DecryptionError
 from ..memories import owner_token
 from ..model import Memory
 from ..sealing import USER, Envelope
@@ -134,7 +135,15 @@ class Resealer:
             rows = await self.run(_read(stmt, params), "read", "reencrypt")
             if not rows:
                 return done
-            changed = [found for found in [await reseal(row) for row in rows] if found]
+            changed = []
+            for row in rows:
+                try:
+                    found = await reseal(row)
+                except DecryptionError as exc:
+                    where = ", ".join(repr(part) for part in tuple(row[: len(start)]))
+                    raise DecryptionError(f"reencrypt: the {name} row ({where}): {exc}") from exc
+                if found:
+                    changed.append(found)
             if changed:
                 program = _write(write, changed) if writes is None else writes(changed)
                 await self.run(program, "write", "reencrypt")

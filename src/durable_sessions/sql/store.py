@@ -564,7 +564,8 @@ class SQLStore:
 
         Raises:
             InvalidArgumentError: the store has no keyring, or ``batch`` is not positive.
-            DecryptionError: a stored value does not decrypt.
+            DecryptionError: a stored value does not decrypt (the message names its table
+                and row).
         """
         if self._env is None:
             raise _no_keyring("reencrypt")

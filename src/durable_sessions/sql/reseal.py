@@ -140,7 +140,7 @@ class Resealer:
                 try:
                     found = await reseal(row)
                 except DecryptionError as exc:
-                    where = ", ".join(repr(part) for part in tuple(row[: len(start)]))
+                    where = ", ".join(repr(part) for part in row[: len(start)])
                     raise DecryptionError(f"reencrypt: the {name} row ({where}): {exc}") from exc
                 if found:
                     changed.append(found)

@@ -657,7 +657,8 @@ class Sealer:
         if record is None:
             raise DecryptionError(
                 f"data key {key_id!r} of organisation {org_id!r} is not in this store "
-                "(its user was erased, or the value was copied from another database)"
+                "(its user was erased, the value was copied from another database, or it is "
+                "a string written without a keyring that begins like a sealed value)"
             )
         return self._remember(org_id, await self.unwrap(record), current=False)
 

@@ -363,9 +363,7 @@ async def test_reencrypt_names_the_row_of_a_value_it_cannot_open(sql_vault: Any)
     store = sql_vault.store
     with pytest.raises(DecryptionError, match=r"the sessions row \('org', 's2'\)") as raised:
         await store.reencrypt(new_keys=False)
-    assert "a string written without a keyring that begins like a sealed value" in str(
-        raised.value
-    )
+    assert "a string written without a keyring that begins like a sealed value" in str(raised.value)
     with pytest.raises(DecryptionError, match="begins like a sealed value"):
         await store.get(ORG, "s2")  # a read says so too
 

@@ -125,6 +125,13 @@ SUITES: dict[str, Suite] = {
         quick=("--ops", "20", "--rounds", "1", "--events", "20"),
         needs=("cryptography",),
     ),
+    "keyring": Suite(
+        "benchmarks.keyring_cost",
+        "a LocalKeyring's file work (a new user, an erasure) as it grows to 100k users",
+        ("keyring.json", "keyring.md"),
+        quick=("--scopes", "100,1000", "--rounds", "3"),
+        needs=("cryptography",),
+    ),
     "profile": Suite(
         "benchmarks.profile",
         "where each hot path's CPU goes, beside the raw driver",

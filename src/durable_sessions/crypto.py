@@ -125,6 +125,7 @@ class LocalKeyring:
         self.path = Path(os.path.realpath(path))
         self._lock = threading.Lock()
         self._data: dict[str, Any] = {}
+        self._raw = b""  # the file's bytes that ``_data`` was parsed from (or written as)
         self._seen: tuple[int, int, int] = (0, 0, 0)
         with self._locked():
             if not self._data.get("masters"):
@@ -161,11 +162,16 @@ class LocalKeyring:
             info = os.stat(self.path)
         except FileNotFoundError:
             self._data = {"format": 1, "current": "", "masters": {}, "scopes": {}}
+            self._raw = b""
             return
         if not stat.S_ISREG(info.st_mode):
             raise InvalidArgumentError(f"keyring {str(self.path)!r} is not a regular file")
+        raw = self.path.read_bytes()
+        if raw == self._raw:  # unchanged: its parse is this instance's (it grows with users)
+            self._seen = (info.st_mtime_ns, info.st_size, info.st_ino)
+            return
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(raw.decode("utf-8"))
             if not isinstance(data, dict) or data.get("format") != 1:
                 raise ValueError("not a keyring")
             if not isinstance(data.get("masters"), dict) or not isinstance(
@@ -177,19 +183,25 @@ class LocalKeyring:
                 f"{str(self.path)!r} is not a durable-sessions keyring"
             ) from None
         self._data = data
+        self._raw = raw
         self._seen = (info.st_mtime_ns, info.st_size, info.st_ino)
 
-    def _save(self) -> None:
-        """Write the keyring to a new file (mode 0600) and rename it over the old one."""
+    def _save(self, **changes: Any) -> None:
+        """Write the keyring with ``changes`` (top-level entries) to a new file (mode 0600)
+        and rename it over the old one; only then does this instance hold them."""
+        data = {**self._data, **changes}
         temp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")
+        # Compact, through the C encoder: the file grows with one secret per scope.
+        raw = json.dumps(data, separators=(",", ":")).encode("utf-8")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(self._data, out, indent=1, sort_keys=True)
+            with os.fdopen(fd, "wb") as out:
+                out.write(raw)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(temp, self.path)
             info = os.stat(self.path)
+            self._data, self._raw = data, raw
             self._seen = (info.st_mtime_ns, info.st_size, info.st_ino)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -207,9 +219,8 @@ class LocalKeyring:
 
     def _add_master(self) -> str:
         master_id = "m" + secrets.token_hex(6)
-        self._data["masters"][master_id] = _b64(AESGCM.generate_key(bit_length=256))
-        self._data["current"] = master_id
-        self._save()
+        masters = {**self._data["masters"], master_id: _b64(AESGCM.generate_key(bit_length=256))}
+        self._save(masters=masters, current=master_id)
         return master_id
 
     # -- administration --------------------------------------------------------------------
@@ -233,8 +244,10 @@ class LocalKeyring:
         with self._locked():
             if master_id == self._data["current"]:
                 raise InvalidArgumentError(f"master key {master_id!r} is the current one")
-            if self._data["masters"].pop(master_id, None) is not None:
-                self._save()
+            if master_id in self._data["masters"]:
+                masters = dict(self._data["masters"])
+                del masters[master_id]
+                self._save(masters=masters)
 
     def master_ids(self) -> list[str]:
         """Return the ids of the master keys in the keyring, the current one last."""
@@ -258,8 +271,8 @@ class LocalKeyring:
             with self._locked():  # another process may have added it since this one read
                 secret = self._data["scopes"].get(scope)
                 if secret is None:
-                    secret = self._data["scopes"][scope] = _b64(secrets.token_bytes(32))
-                    self._save()
+                    secret = _b64(secrets.token_bytes(32))
+                    self._save(scopes={**self._data["scopes"], scope: secret})
         master_id = self.current_master()
         nonce = secrets.token_bytes(12)
         kek = _kek(_unb64(self._data["masters"][master_id]), _unb64(secret), scope)
@@ -289,5 +302,7 @@ class LocalKeyring:
     async def forget(self, scope: str) -> None:
         """Delete the scope's secret: its data keys can never be unwrapped again."""
         with self._locked():
-            if self._data["scopes"].pop(scope, None) is not None:
-                self._save()
+            if scope in self._data["scopes"]:
+                scopes = dict(self._data["scopes"])
+                del scopes[scope]
+                self._save(scopes=scopes)

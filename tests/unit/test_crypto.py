@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import stat
 from enum import StrEnum
@@ -108,6 +109,37 @@ async def test_what_another_process_forgot_or_removed_no_longer_unwraps(tmp_path
     first.remove(old)
     with pytest.raises(DecryptionError, match="not in this keyring"):
         await second.unwrap("kept", *kept)
+
+
+async def test_a_change_the_file_did_not_take_is_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write of the keyring file that fails (a full disk) leaves the keyring as the file
+    holds it: a scope's new secret is not used for a key the file cannot unwrap later, a
+    forgotten scope still unwraps, a master key is neither added nor removed."""
+    keyring = LocalKeyring(tmp_path / "keys.json")
+    kept = await keyring.wrap("kept", KEY)
+    old = keyring.current_master()
+    keyring.rotate()
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(OSError, match="No space"):
+        await keyring.wrap("new", KEY)
+    with pytest.raises(OSError, match="No space"):
+        await keyring.forget("kept")
+    with pytest.raises(OSError, match="No space"):
+        keyring.rotate()
+    with pytest.raises(OSError, match="No space"):
+        keyring.remove(old)
+    monkeypatch.undo()
+    assert len(keyring.master_ids()) == 2
+    assert await keyring.unwrap("kept", *kept) == KEY
+    new = await keyring.wrap("new", KEY)  # its secret written to the file this time
+    assert await LocalKeyring(tmp_path / "keys.json").unwrap("new", *new) == KEY
+    assert sorted(os.listdir(tmp_path)) == ["keys.json", "keys.json.lock"]  # no temporary file
 
 
 def test_a_path_that_is_not_a_keyring_file_is_refused(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
+from ._tasks import to_the_end
 from .crypto import Keyring  # without the crypto extra, its ImportError names the extra
 from .errors import DecryptionError, InvalidArgumentError
 from .fulltext import event_text, words
@@ -767,10 +768,23 @@ class Sealer:
         return (await self.index_key(org_id)).blind(content)
 
     async def forget(self, org_id: str, kind: str, owner: str) -> None:
-        """Destroy a scope's data keys: in the keyring first, then in the key table."""
-        await self.keyring.forget(_scope(org_id, kind, owner))
-        await self.table.drop(org_id, kind, owner)
+        """Destroy a scope's data keys: in the keyring first, then in the key table.
+
+        Once begun, the destruction runs to its end even if the caller is cancelled (which
+        is raised afterwards): a key table that still listed keys the keyring can no longer
+        unwrap would refuse the scope's next writes, and a key this process held would seal
+        values that never open again.
+        """
         self._drop_scope(org_id, kind, owner)
+
+        async def destroy() -> None:
+            await self.keyring.forget(_scope(org_id, kind, owner))
+            await self.table.drop(org_id, kind, owner)
+
+        try:
+            await to_the_end(destroy())
+        finally:
+            self._drop_scope(org_id, kind, owner)  # a key fetched meanwhile
 
     def destroyed(self, org_id: str, key_id: str) -> None:
         """Forget a data key found gone from the key table (another process destroyed it),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,46 @@ async def test_delete_user_shreds_the_user_in_copies_taken_before(
     # The live store goes on: alice may come back, under a new key.
     await _fill(vault.store, "alice", SECRETS[2], "s3")
     assert (await vault.store.get(ORG, "s3")).state["user:pref"] == f"u {SECRETS[2]}"
+
+
+async def test_an_erasure_cancelled_while_it_destroys_the_keys_still_destroys_them(
+    vault: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``delete_user`` cancelled once the keyring has forgotten the user's secret, while the
+    key table's rows go, finishes destroying them: the user can come back, through this
+    store and any other, under a new key that every store opens (not under the old key,
+    whose secret is gone, nor refused for it)."""
+    store = vault.store
+    await _fill(store, "alice", SECRETS[0], "s1")
+    await _fill(store, "bob", SECRETS[1], "s2")
+    table = store._env.sealer.table
+    drop = table.drop
+    reached, go = asyncio.Event(), asyncio.Event()
+
+    async def held_drop(*args: Any) -> None:
+        reached.set()
+        await go.wait()
+        await drop(*args)
+
+    monkeypatch.setattr(table, "drop", held_drop)
+    erasing = asyncio.ensure_future(store.delete_user(ORG, "alice"))
+    await reached.wait()
+    erasing.cancel()
+    await asyncio.sleep(0)
+    go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await erasing
+    monkeypatch.undo()
+    with pytest.raises(SessionNotFoundError):
+        await store.get(ORG, "s1")
+    await _fill(store, "alice", SECRETS[2], "s3")  # alice is back, through this store
+    other = await vault.another(LocalKeyring(tmp_path / "keys.json"))
+    await _fill(other, "alice", SECRETS[3], "s4")  # and through another
+    for reader in (store, other, await vault.another(LocalKeyring(tmp_path / "keys.json"))):
+        for sid, word in (("s2", SECRETS[1]), ("s3", SECRETS[2]), ("s4", SECRETS[3])):
+            session = await reader.get_with_events(ORG, sid)
+            assert session.title == f"title {word}"
+            assert session.events[0].content == {"text": f"hello {word} again"}
 
 
 class Clock:

@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from .._tasks import to_the_end
 from ._private import (
     checkin_reset,
     checkin_without_io,
@@ -100,27 +101,6 @@ async def drive(
             query = program.send(result)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
-
-
-async def to_the_end(aw: Awaitable[T]) -> T:
-    """Await ``aw`` in a task of its own, to its end, even if the caller is cancelled meanwhile.
-
-    What decides a connection's fate (roll back, terminate, check in) must not be cut short
-    by a second cancellation, nor the connection reach the pool while something still uses
-    it: a cancellation that arrives meanwhile is raised once ``aw`` has finished.
-    """
-    task = asyncio.ensure_future(aw)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.wait((task,))
-        except asyncio.CancelledError as exc:
-            cancelled = exc
-    if cancelled is not None:
-        if not task.cancelled():
-            task.exception()  # retrieved: the caller's cancellation is what propagates
-        raise cancelled
-    return task.result()
 
 
 def cancel_requests(task: asyncio.Task[Any] | None) -> int:

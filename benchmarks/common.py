@@ -495,6 +495,17 @@ def command_line() -> str:
     return " ".join(["python -m", name, *sys.argv[1:]])
 
 
+def write_results(out: Path, name: str, title: str, lines: Sequence[str], data: Any) -> None:
+    """Write a suite's results: ``NAME.json`` (``data``) and ``NAME.md`` (``title``, then
+    ``lines`` as a block), in ``out``."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    body = "\n".join(lines)
+    (out / f"{name}.md").write_text(f"# {title}\n\n```\n{body}\n```\n")
+
+
 def run_meta(args: Any, command: str) -> dict[str, Any]:
     import platform
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import statistics
 import time
@@ -43,7 +42,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from durable_sessions import Event, Manager, SQLStore
 
-from .common import Database, command_line, new_tmpdir, run_meta
+from .common import Database, command_line, new_tmpdir, run_meta, write_results
 
 OPERATIONS = ("get", "load", "cold", "append", "save", "create", "search")
 TEXT = "the customer asked about the refund for order {n} and the delivery date in march"
@@ -211,16 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmpdir, ignore_errors=True)
     lines = summarize(found)
     print("\n".join(lines))
-    meta = run_meta(args, command_line())
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = f"encryption_{args.backend}"
-    data = {"meta": meta, "backend": args.backend, "rounds": found}
-    (args.out / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
-    body = "\n".join(lines)
-    (args.out / f"{name}.md").write_text(
-        f"# Encryption at rest on {args.backend}: with a keyring against without\n\n"
-        f"```\n{body}\n```\n"
-    )
+    data = {"meta": run_meta(args, command_line()), "backend": args.backend, "rounds": found}
+    title = f"Encryption at rest on {args.backend}: with a keyring against without"
+    write_results(args.out, f"encryption_{args.backend}", title, lines, data)
     return 0
 
 

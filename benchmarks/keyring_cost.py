@@ -29,9 +29,8 @@ import shutil
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
-from .common import command_line, new_tmpdir, run_meta
+from .common import command_line, new_tmpdir, run_meta, write_results
 
 OPERATIONS = ("new", "forget", "reread", "known")
 
@@ -103,14 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmpdir, ignore_errors=True)
     lines = summarize(found)
     print("\n".join(lines))
-    meta: dict[str, Any] = run_meta(args, command_line())
-    args.out.mkdir(parents=True, exist_ok=True)
-    data = {"meta": meta, "rounds": {str(k): v for k, v in found.items()}}
-    (args.out / "keyring.json").write_text(json.dumps(data, indent=1) + "\n")
-    body = "\n".join(lines)
-    (args.out / "keyring.md").write_text(
-        f"# A LocalKeyring's file work as it grows\n\n```\n{body}\n```\n"
-    )
+    data = {"meta": run_meta(args, command_line()), "rounds": {str(k): v for k, v in found.items()}}
+    write_results(args.out, "keyring", "A LocalKeyring's file work as it grows", lines, data)
     return 0
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import statistics
 import sys
@@ -35,7 +34,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from durable_sessions import Event, Manager, SQLStore
 
-from .common import Database, new_tmpdir, run_meta
+from .common import Database, new_tmpdir, run_meta, write_results
 
 Rates = tuple[float, float]
 """(get/s, append_event/s) of one round."""
@@ -180,13 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = summarize(found)
     print("\n".join(lines))
     meta = run_meta(args, "python -m benchmarks " + " ".join(sys.argv[1:]))
-    args.out.mkdir(parents=True, exist_ok=True)
     data = {"meta": meta, "backend": args.backend, "rounds": found}
-    (args.out / "tracing.json").write_text(json.dumps(data, indent=1) + "\n")
-    body = "\n".join(lines)
-    (args.out / "tracing.md").write_text(
-        f"# Engine listeners on {args.backend}\n\n```\n{body}\n```\n"
-    )
+    write_results(args.out, "tracing", f"Engine listeners on {args.backend}", lines, data)
     return 0
 
 

@@ -18,7 +18,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "durable_sessions"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "jsoncodec"),
+    ("errors", "jsoncodec", "_tasks"),
     ("state", "fulltext"),
     ("model",),
     ("cursor", "context", "store", "crypto"),

@@ -44,7 +44,7 @@ import asyncmy.connection  # type: ignore[import-untyped]
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 import sqlalchemy
-from sqlalchemy import insert, make_url, select, update
+from sqlalchemy import insert, make_url, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool, NullPool
 
@@ -755,6 +755,23 @@ async def sweeper(
         await helper.dispose()
 
 
+async def _mysql_idle(admin: Any, connection_id: int) -> None:
+    """Wait until MySQL lists the connection as idle between statements (``Sleep``): it
+    answers a statement a moment before it says so."""
+    deadline = time.monotonic() + STEP_TIMEOUT
+    while True:
+        async with admin.cursor() as cursor:
+            await cursor.execute(
+                "SELECT COMMAND FROM information_schema.PROCESSLIST WHERE ID = %s",
+                (connection_id,),
+            )
+            found = await cursor.fetchone()
+        if found is not None and found[0] == "Sleep":
+            return
+        assert time.monotonic() < deadline, f"connection {connection_id} never idle: {found}"
+        await asyncio.sleep(0.01)
+
+
 async def test_the_check_finds_a_transaction_left_open_and_not_once_it_has_ended(
     backend: str, backend_url: str, engine: AsyncEngine
 ) -> None:
@@ -769,6 +786,9 @@ async def test_the_check_finds_a_transaction_left_open_and_not_once_it_has_ended
             async with independent.connect() as conn:
                 await conn.begin()
                 await conn.execute(update(sessions).values(title="left open"))
+                if backend == "mysql":  # the server marks the connection idle a moment later
+                    own = (await conn.execute(text("SELECT CONNECTION_ID()"))).scalar_one()
+                    await _mysql_idle(admin, int(own))
                 # SQLite's check cannot take the write lock the open transaction holds.
                 with pytest.raises((AssertionError, sqlite3.OperationalError)):
                     await checker.nothing_left_open(settle=0)

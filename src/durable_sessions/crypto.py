@@ -167,23 +167,20 @@ class LocalKeyring:
         if not stat.S_ISREG(info.st_mode):
             raise InvalidArgumentError(f"keyring {str(self.path)!r} is not a regular file")
         raw = self.path.read_bytes()
-        if raw == self._raw:  # unchanged: its parse is this instance's (it grows with users)
-            self._seen = (info.st_mtime_ns, info.st_size, info.st_ino)
-            return
-        try:
-            data = json.loads(raw.decode("utf-8"))
-            if not isinstance(data, dict) or data.get("format") != 1:
-                raise ValueError("not a keyring")
-            if not isinstance(data.get("masters"), dict) or not isinstance(
-                data.get("scopes"), dict
-            ):
-                raise ValueError("not a keyring")
-        except ValueError:
-            raise InvalidArgumentError(
-                f"{str(self.path)!r} is not a durable-sessions keyring"
-            ) from None
-        self._data = data
-        self._raw = raw
+        if raw != self._raw:  # parsed again only when changed: it grows with the users
+            try:
+                data = json.loads(raw.decode("utf-8"))
+                if not isinstance(data, dict) or data.get("format") != 1:
+                    raise ValueError("not a keyring")
+                if not isinstance(data.get("masters"), dict) or not isinstance(
+                    data.get("scopes"), dict
+                ):
+                    raise ValueError("not a keyring")
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"{str(self.path)!r} is not a durable-sessions keyring"
+                ) from None
+            self._data, self._raw = data, raw
         self._seen = (info.st_mtime_ns, info.st_size, info.st_ino)
 
     def _save(self, **changes: Any) -> None:

@@ -35,7 +35,6 @@ __all__ = [
     "Runner",
     "cancel_requests",
     "deliver_swallowed_cancel",
-    "to_the_end",
 ]
 
 T = TypeVar("T")

@@ -16,6 +16,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from .._tasks import to_the_end
 from .dialects.postgresql.isolation import pin_read_committed
 from .dialects.sqlite.writers import restore, write_lock
 from .runner import (
@@ -27,7 +28,6 @@ from .runner import (
     cancel_requests,
     deliver_swallowed_cancel,
     drive,
-    to_the_end,
 )
 from .translate import translated
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, TypeVar
 
+from ...._tasks import to_the_end
 from ..._private import invalidate_pool
-from ...runner import RESTART, Mode, Program, Query, Result, Runner, drive, to_the_end
+from ...runner import RESTART, Mode, Program, Query, Result, Runner, drive
 from ...transactions import run_watched
 from ...translate import is_disconnect, translated
 

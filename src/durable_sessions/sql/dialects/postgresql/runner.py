@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, TypeVar
 
+from ...._tasks import to_the_end
 from ..._private import greenlet_spawn, invalidate_pool
-from ...runner import Mode, Program, Result, Runner, to_the_end
+from ...runner import Mode, Program, Result, Runner
 from ...transactions import run_watched
 from ...translate import is_disconnect, is_timeout, translated
 

@@ -6,8 +6,9 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ...._tasks import to_the_end
 from ..._private import aiosqlite_connection, aiosqlite_execute
-from ...runner import Mode, Program, Result, Runner, to_the_end
+from ...runner import Mode, Program, Result, Runner
 from ...transactions import run_watched
 from ...translate import translated
 from .writers import Hop, Job, Writers, end_transaction, restore, writers_of

@@ -11,6 +11,7 @@ Requires the ``crypto`` extra: ``pip install "durable-sessions[crypto]"``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import errno
@@ -112,6 +113,11 @@ class LocalKeyring:
     Keep the file out of the database's backups: a backup that holds both tells everything.
     A copy of the file kept elsewhere keeps the forgotten secrets, too.
 
+    ``wrap``, ``unwrap`` and ``forget`` do their file work (waiting for the lock, reading,
+    writing and syncing the file) in a worker thread (``asyncio.to_thread``), so that the
+    event loop serves other tasks meanwhile; ``rotate`` and ``remove`` run in the caller's
+    thread.
+
     Args:
         path: The keyring file; created (with its first master key) if missing.
 
@@ -147,15 +153,20 @@ class LocalKeyring:
             finally:
                 os.close(fd)  # closing releases the lock
 
-    def _refresh(self) -> None:
-        """Read the file again if it changed since this instance read it."""
+    def _reload(self) -> None:
+        """Read the file again, under its lock, if it changed."""
+        with self._locked():
+            pass
+
+    async def _refresh(self) -> None:
+        """Read the file again (in a worker thread) if it changed since this instance read
+        it."""
         try:
             info = os.stat(self.path)
         except OSError:
             return
         if (info.st_mtime_ns, info.st_size, info.st_ino) != self._seen:
-            with self._locked():
-                pass
+            await asyncio.to_thread(self._reload)
 
     def _load(self) -> None:
         try:
@@ -262,14 +273,10 @@ class LocalKeyring:
 
         The file is read again first if another process changed it (a rotation made
         another master key current)."""
-        self._refresh()
+        await self._refresh()
         secret = self._data["scopes"].get(scope)
         if secret is None:
-            with self._locked():  # another process may have added it since this one read
-                secret = self._data["scopes"].get(scope)
-                if secret is None:
-                    secret = _b64(secrets.token_bytes(32))
-                    self._save(scopes={**self._data["scopes"], scope: secret})
+            secret = await asyncio.to_thread(self._add_scope, scope)
         master_id = self.current_master()
         nonce = secrets.token_bytes(12)
         kek = _kek(_unb64(self._data["masters"][master_id]), _unb64(secret), scope)
@@ -279,11 +286,12 @@ class LocalKeyring:
         """Decrypt a data key of ``scope`` (see ``Keyring``). The file is read again first
         when it changed, so a scope forgotten (or a master key removed) by another process
         sharing it does not unwrap here either."""
-        self._refresh()
+        await self._refresh()
         masters, scopes = self._data["masters"], self._data["scopes"]
         if master_id not in masters or scope not in scopes:
-            with self._locked():  # added by another process since this one read the file?
-                masters, scopes = self._data["masters"], self._data["scopes"]
+            # Added by another process since this one read the file?
+            await asyncio.to_thread(self._reload)
+            masters, scopes = self._data["masters"], self._data["scopes"]
         if master_id not in masters:
             raise DecryptionError(f"master key {master_id!r} is not in this keyring")
         if scope not in scopes:
@@ -298,6 +306,20 @@ class LocalKeyring:
 
     async def forget(self, scope: str) -> None:
         """Delete the scope's secret: its data keys can never be unwrapped again."""
+        await asyncio.to_thread(self._forget, scope)
+
+    # -- the file steps of ``wrap`` and ``forget`` (in a worker thread) ---------------------
+
+    def _add_scope(self, scope: str) -> str:
+        """The scope's secret, made and written to the file if no process has yet."""
+        with self._locked():
+            secret = self._data["scopes"].get(scope)
+            if secret is None:
+                secret = _b64(secrets.token_bytes(32))
+                self._save(scopes={**self._data["scopes"], scope: secret})
+            return str(secret)
+
+    def _forget(self, scope: str) -> None:
         with self._locked():
             if scope in self._data["scopes"]:
                 scopes = dict(self._data["scopes"])

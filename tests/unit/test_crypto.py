@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import errno
+import fcntl
 import os
 import stat
+import threading
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -140,6 +143,53 @@ async def test_a_change_the_file_did_not_take_is_not_kept(
     new = await keyring.wrap("new", KEY)  # its secret written to the file this time
     assert await LocalKeyring(tmp_path / "keys.json").unwrap("new", *new) == KEY
     assert sorted(os.listdir(tmp_path)) == ["keys.json", "keys.json.lock"]  # no temporary file
+
+
+@pytest.mark.parametrize("step", ["wrap a new scope", "forget", "unwrap a scope added since"])
+async def test_the_event_loop_runs_on_while_the_keyring_file_is_locked(
+    tmp_path: Path, step: str
+) -> None:
+    """The file work waits for the file's lock (held here as another process holds it while
+    it writes) in a worker thread: the service's other tasks run meanwhile, and the step
+    ends once the lock is free."""
+    keyring = LocalKeyring(tmp_path / "keys.json")
+    kept = await keyring.wrap("kept", KEY)
+    added = await LocalKeyring(tmp_path / "keys.json").wrap("added", KEY)
+    steps = {
+        "wrap a new scope": lambda: keyring.wrap("new", KEY),
+        "forget": lambda: keyring.forget("kept"),
+        "unwrap a scope added since": lambda: keyring.unwrap("added", *added),
+    }
+    fd = os.open(f"{tmp_path / 'keys.json'}.lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    loop_ran = threading.Event()
+
+    def unlock() -> None:
+        # Once the loop ran while the step waited; or, should the step hold the loop
+        # itself, after a while, so that the test fails instead of hanging.
+        loop_ran.wait(timeout=10)
+        os.close(fd)
+
+    unlocker = threading.Thread(target=unlock)
+    unlocker.start()
+    try:
+        task = asyncio.create_task(steps[step]())
+        for _ in range(3):
+            await asyncio.sleep(0)
+        waiting = not task.done()
+        loop_ran.set()
+        result = await task
+    finally:
+        loop_ran.set()
+        unlocker.join()
+    assert waiting, "the step held the event loop while it waited for the keyring's lock"
+    if step == "forget":
+        with pytest.raises(DecryptionError, match="erased"):
+            await LocalKeyring(tmp_path / "keys.json").unwrap("kept", *kept)
+    elif step == "unwrap a scope added since":
+        assert result == KEY
+    else:
+        assert await LocalKeyring(tmp_path / "keys.json").unwrap("new", *result) == KEY
 
 
 def test_a_path_that_is_not_a_keyring_file_is_refused(tmp_path: Path) -> None:

@@ -59,11 +59,17 @@ pytestmark = pytest.mark.parametrize("backend", STORE_SQL_BACKENDS)
 def adk_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A new, empty database for ADK's DatabaseSessionService to write (on MySQL through
     either of SQLAlchemy's dialects: ``mysql+asyncmy`` and ``mariadb+asyncmy``)."""
-    if request.param == "adk-sqlite":
+    return new_adk_url(request, tmp_path, request.param)
+
+
+def new_adk_url(request: pytest.FixtureRequest, tmp_path: Path, kind: str) -> str:
+    """``adk_url`` of one kind (``adk-sqlite``, ``adk-postgres``, ``adk-mysql`` or
+    ``adk-mariadb``)."""
+    if kind == "adk-sqlite":
         return f"sqlite+aiosqlite:///{tmp_path / 'adk.db'}"
-    if request.param in ("adk-mysql", "adk-mariadb"):
+    if kind in ("adk-mysql", "adk-mariadb"):
         made: Callable[[], str] = request.getfixturevalue("fresh_mysql_url")
-        scheme = request.param.removeprefix("adk-") + "+asyncmy"
+        scheme = kind.removeprefix("adk-") + "+asyncmy"
         return make_url(made()).set(drivername=scheme).render_as_string(hide_password=False)
     make: Callable[[], str] = request.getfixturevalue("fresh_pg_url")
     return make()
@@ -333,9 +339,20 @@ def cli(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+COMMAND_SOURCE = {"sqlite": "adk-sqlite", "postgres": "adk-postgres", "mysql": "adk-mariadb"}
+"""The ADK database the command imports into each store: the import itself runs over every
+pair of source and store above, in process; the command adds its wiring, its output and its
+one-line errors, which one source per store covers (each a process of its own)."""
+
+
 async def test_the_command_imports_once_and_explains_failures_in_one_line(
-    adk_url: str, backend_url: str, backend: str, engine: AsyncEngine
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    backend_url: str,
+    backend: str,
+    engine: AsyncEngine,
 ) -> None:
+    adk_url = new_adk_url(request, tmp_path, COMMAND_SOURCE[backend])
     adk = DatabaseSessionService(db_url=adk_url)
     try:
         kept = await write_with_adk(adk)
@@ -369,7 +386,6 @@ async def test_the_command_imports_once_and_explains_failures_in_one_line(
         assert expected in failed.stderr
         assert failed.stderr.count("\n") == 1
         assert "s3cret" not in failed.stderr
-    assert backend in ("sqlite", "postgres", "mysql")
 
 
 # -- the source is only read; memory stays flat ---------------------------------------------

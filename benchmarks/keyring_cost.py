@@ -13,7 +13,8 @@ each of ``--rounds`` rounds times:
 - ``known``: ``wrap`` for a scope already in the keyring (no file work): the reference.
 
 The median over the rounds is printed per operation and size, in milliseconds and as a
-multiple of ``known``. Each is time during which the calling process's event loop waits.
+multiple of ``known``. The file work runs in a worker thread; the calling task waits for
+it, and the event loop too while the JSON is parsed or encoded (they hold the GIL).
 
     python -m benchmarks run keyring [-- --scopes 1000,10000,100000 --rounds 9]
 """

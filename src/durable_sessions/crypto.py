@@ -158,15 +158,17 @@ class LocalKeyring:
         with self._locked():
             pass
 
-    async def _refresh(self) -> None:
+    async def _refresh(self) -> bool:
         """Read the file again (in a worker thread) if it changed since this instance read
-        it."""
+        it; return whether it was read."""
         try:
             info = os.stat(self.path)
         except OSError:
-            return
-        if (info.st_mtime_ns, info.st_size, info.st_ino) != self._seen:
-            await asyncio.to_thread(self._reload)
+            return False
+        if (info.st_mtime_ns, info.st_size, info.st_ino) == self._seen:
+            return False
+        await asyncio.to_thread(self._reload)
+        return True
 
     def _load(self) -> None:
         try:
@@ -286,9 +288,9 @@ class LocalKeyring:
         """Decrypt a data key of ``scope`` (see ``Keyring``). The file is read again first
         when it changed, so a scope forgotten (or a master key removed) by another process
         sharing it does not unwrap here either."""
-        await self._refresh()
+        read = await self._refresh()
         masters, scopes = self._data["masters"], self._data["scopes"]
-        if master_id not in masters or scope not in scopes:
+        if not read and (master_id not in masters or scope not in scopes):
             # Added by another process since this one read the file?
             await asyncio.to_thread(self._reload)
             masters, scopes = self._data["masters"], self._data["scopes"]
